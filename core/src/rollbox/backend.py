@@ -1,0 +1,75 @@
+"""The one class a backend plugin implements, in the spirit of an httpx transport.
+
+A backend makes sandboxes from specs. Everything else (warm pools, pacing, reuse,
+retries, metrics) lives in core and works the same on every backend.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass
+from types import TracebackType
+from typing import ClassVar
+
+from rollbox.errors import CapabilityNotSupportedError
+from rollbox.sandbox import Capabilities, Sandbox, Snapshot
+from rollbox.spec import SandboxSpec
+
+
+@dataclass(frozen=True)
+class Diagnostic:
+    """One line of ``rollbox doctor``: a check, whether it passed, and the fix if not."""
+
+    check: str
+    ok: bool
+    detail: str
+    fix: str = ""
+    required: bool = True
+
+
+class Backend(ABC):
+    """Creates sandboxes. Subclasses set ``name`` and ``capabilities`` and implement
+    ``create``; the rest has safe defaults."""
+
+    name: ClassVar[str]
+    capabilities: ClassVar[Capabilities] = Capabilities()
+
+    @abstractmethod
+    async def create(self, spec: SandboxSpec) -> Sandbox:
+        """Start a sandbox for ``spec`` and return it ready for its first command.
+
+        Raises CreateFailedError (retryable), ImageError, or InvalidSpecError.
+        """
+
+    async def prefetch(self, image: str) -> None:
+        """Hydrate ``image`` ahead of need so a later ``create`` does not wait for it."""
+
+    def hint_upcoming(self, images: Sequence[str]) -> None:
+        """The images the caller expects to need next, most urgent first (advisory)."""
+
+    async def fork(self, snapshot: Snapshot) -> Sandbox:
+        """A new, independent sandbox starting from ``snapshot``."""
+        raise CapabilityNotSupportedError(f"backend {self.name!r} does not support fork")
+
+    async def drop_snapshot(self, snapshot: Snapshot) -> None:
+        """Forget a snapshot and free its storage."""
+
+    async def aclose(self) -> None:
+        """Close every sandbox this backend still owns and release shared resources."""
+
+    @classmethod
+    def doctor(cls) -> list[Diagnostic]:
+        """Checks that this backend can run on this machine (``rollbox doctor``)."""
+        return []
+
+    async def __aenter__(self) -> Backend:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()

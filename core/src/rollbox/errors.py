@@ -1,0 +1,171 @@
+"""Every error rollbox raises, in one tree.
+
+Each error says what went wrong and what to do, and carries ``retryable``: whether the
+same work may succeed on a fresh sandbox. Backend-native errors (OSError, HTTP status
+codes, ...) are mapped onto this tree at the backend's edge, so callers never see them.
+
+    RollboxError
+    ├── UsageError                      the caller must change something; never retryable
+    │   ├── InvalidSpecError            a SandboxSpec field is out of range or malformed
+    │   ├── PathOutsideSandboxError     a path or symlink leads outside the sandbox
+    │   ├── CapabilityNotSupportedError the backend does not declare this capability
+    │   ├── UnknownBackendError         no plugin registered a backend by that name
+    │   ├── PluginError                 a plugin is broken (bad hook, duplicate name)
+    │   ├── MissingExtraError           an optional package is not installed
+    │   └── BackendUnavailableError     the backend cannot run here (e.g. no user namespaces)
+    ├── SandboxError                    a sandbox failed; ``sandbox_id`` says which
+    │   ├── CreateFailedError           retryable: the backend could not start it
+    │   ├── SandboxLostError            retryable: it died or vanished (mid-command, too)
+    │   ├── ResetFailedError            retryable: it did not come back clean; quarantined
+    │   ├── ExecTimeoutError            the command overran its timeout; its tree was killed
+    │   ├── CommandNotFoundError        the program does not exist in the image
+    │   ├── SandboxFileNotFoundError    read of a path that does not exist in the sandbox
+    │   └── ImageError
+    │       ├── ImageNotFoundError      no such image anywhere the backend looks
+    │       ├── ImageCorruptError       the image exists but cannot be unpacked
+    │       └── ImageStoreFullError     retryable: pinned images fill the store right now
+    └── PoolError
+        ├── PoolClosedError             acquire on a pool that is shutting down
+        └── AcquireTimeoutError         retryable: no sandbox became free in time
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+
+class RollboxError(Exception):
+    """Base of every rollbox error."""
+
+    retryable: ClassVar[bool] = False
+    kind: ClassVar[str] = "error"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+class UsageError(RollboxError):
+    """The caller must change something (code, configuration, installation)."""
+
+    kind = "usage"
+
+
+class InvalidSpecError(UsageError):
+    kind = "invalid_spec"
+
+
+class PathOutsideSandboxError(UsageError):
+    kind = "path_outside_sandbox"
+
+
+class CapabilityNotSupportedError(UsageError):
+    kind = "capability_not_supported"
+
+
+class UnknownBackendError(UsageError):
+    kind = "unknown_backend"
+
+
+class PluginError(UsageError):
+    kind = "plugin"
+
+
+class MissingExtraError(UsageError, ImportError):
+    """An optional dependency is missing; the message names the exact install command."""
+
+    kind = "missing_extra"
+
+    def __init__(self, feature: str, extra: str) -> None:
+        super().__init__(f'{feature} needs an optional package: pip install "rollbox[{extra}]"')
+        self.extra = extra
+
+
+class BackendUnavailableError(UsageError):
+    kind = "backend_unavailable"
+
+
+class SandboxError(RollboxError):
+    """A sandbox failed. ``sandbox_id`` is None when it failed before it had one."""
+
+    kind = "sandbox"
+
+    def __init__(self, message: str, *, sandbox_id: str | None = None) -> None:
+        super().__init__(message)
+        self.sandbox_id = sandbox_id
+
+
+class CreateFailedError(SandboxError):
+    retryable = True
+    kind = "create_failed"
+
+
+class SandboxLostError(SandboxError):
+    retryable = True
+    kind = "sandbox_lost"
+
+
+class ResetFailedError(SandboxError):
+    retryable = True
+    kind = "reset_failed"
+
+
+class ExecTimeoutError(SandboxError):
+    """The command overran; it and every process it started were killed.
+
+    ``stdout`` and ``stderr`` hold what it printed before that.
+    """
+
+    kind = "exec_timeout"
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        sandbox_id: str | None = None,
+        timeout_s: float,
+        stdout: bytes = b"",
+        stderr: bytes = b"",
+    ) -> None:
+        super().__init__(message, sandbox_id=sandbox_id)
+        self.timeout_s = timeout_s
+        self.stdout = stdout
+        self.stderr = stderr
+
+
+class CommandNotFoundError(SandboxError):
+    kind = "command_not_found"
+
+
+class SandboxFileNotFoundError(SandboxError, FileNotFoundError):
+    kind = "file_not_found"
+
+
+class ImageError(SandboxError):
+    kind = "image"
+
+
+class ImageNotFoundError(ImageError):
+    kind = "image_not_found"
+
+
+class ImageCorruptError(ImageError):
+    kind = "image_corrupt"
+
+
+class ImageStoreFullError(ImageError):
+    retryable = True
+    kind = "image_store_full"
+
+
+class PoolError(RollboxError):
+    kind = "pool"
+
+
+class PoolClosedError(PoolError):
+    kind = "pool_closed"
+
+
+class AcquireTimeoutError(PoolError):
+    retryable = True
+    kind = "acquire_timeout"

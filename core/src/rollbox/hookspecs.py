@@ -1,0 +1,84 @@
+"""The rollbox hook specification (pluggy project name ``rollbox``).
+
+Hooks are synchronous: pluggy cannot await. Registrar hooks hand the plugin a
+``register`` callable; what a plugin registers (backend classes, policy classes, task
+sources, CLI commands) has async methods of its own. Observer hooks are cheap
+notifications; an observer must not block or raise.
+
+Every hook below follows one template: when it is called, what it receives, what it
+returns.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import pluggy
+
+if TYPE_CHECKING:
+    from rollbox.backend import Backend
+    from rollbox.cli_commands import Command
+    from rollbox.errors import SandboxError
+    from rollbox.spec import SandboxSpec
+
+PROJECT = "rollbox"
+hookspec = pluggy.HookspecMarker(PROJECT)
+hookimpl = pluggy.HookimplMarker(PROJECT)
+
+
+@hookspec
+def rollbox_register_backends(register: Callable[[str, type[Backend]], None]) -> None:
+    """Register backend classes by name.
+
+    Called once per plugin manager, when backends are first looked up.
+    ``register(name, backend_class)``; a name registered twice is a PluginError.
+    Returns nothing.
+    """
+
+
+@hookspec
+def rollbox_register_pool_policies(register: Callable[[str, type[object]], None]) -> None:
+    """Register warm-pool fill policies by name (``none``, ``static`` … are built in).
+
+    Called once per plugin manager, when policies are first looked up.
+    ``register(name, policy_class)``; the class implements ``rollbox.pool.PoolPolicy``.
+    Returns nothing.
+    """
+
+
+@hookspec
+def rollbox_register_tasks(register: Callable[[str, object], None]) -> None:
+    """Register task sources (custom environments) by name.
+
+    Called once per plugin manager, when task sources are first looked up.
+    ``register(name, task_source_factory)``; see ``rollbox.tasks`` for the protocol.
+    Returns nothing.
+    """
+
+
+@hookspec
+def rollbox_register_commands(register: Callable[[Command], None]) -> None:
+    """Register ``rollbox`` CLI subcommands.
+
+    Called once when the CLI starts. ``register(Command(...))``.
+    Returns nothing.
+    """
+
+
+@hookspec
+def rollbox_sandbox_created(sandbox_id: str, spec: SandboxSpec, seconds: float) -> None:
+    """Observe a sandbox creation by a pool.
+
+    Called after the backend's ``create`` returned, with its duration in seconds.
+    Returns nothing.
+    """
+
+
+@hookspec
+def rollbox_sandbox_failed(error: SandboxError, spec: SandboxSpec) -> None:
+    """Observe a sandbox failure that a pool counted (create, lost, reset, quarantine).
+
+    Called once per counted failure, before the pool recovers from it.
+    Returns nothing.
+    """

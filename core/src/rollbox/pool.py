@@ -1,0 +1,476 @@
+"""Warm pools keyed by spec: acquire a lease, release it, and the sandbox is reset in
+place for the next caller instead of being deleted and recreated.
+
+Data flow::
+
+    acquire(spec) ─► idle sandbox of that spec? ─ ping ok ─► Lease (reuses += 1)
+          │                         └─ ping fails ─► quarantine, try the next
+          └─ none idle ─► room under max_sandboxes? (else evict an idle one of another
+                           spec, else wait) ─► token bucket ─► backend.create
+    release(lease, ok)  ─► policy.reuse? ─► reset ─ ok ─► idle (or closed if over
+                                              │           the policy's max_idle)
+                                              └─ fails ─► quarantine (closed, counted)
+    release(lease, broken) ─► closed, counted
+
+A background filler keeps ``policy.warm_target(spec)`` sandboxes idle per spec. Time
+comes only from the running loop, so the pool runs unchanged in virtual time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections import OrderedDict, deque
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from enum import Enum
+from pathlib import Path
+from typing import ClassVar
+
+from rollbox.backend import Backend
+from rollbox.errors import (
+    AcquireTimeoutError,
+    CommandNotFoundError,
+    ExecTimeoutError,
+    PoolClosedError,
+    ResetFailedError,
+    RollboxError,
+    SandboxError,
+    SandboxFileNotFoundError,
+    SandboxLostError,
+)
+from rollbox.metrics import Metrics
+from rollbox.ratelimit import TokenBucket
+from rollbox.sandbox import ExecRequest, ExecResult, Process, Sandbox, Snapshot
+from rollbox.spec import SandboxSpec
+
+FailureObserver = Callable[[SandboxError, SandboxSpec], None]
+
+
+class Outcome(str, Enum):
+    """How the holder of a lease leaves the sandbox."""
+
+    OK = "ok"  # reusable after a reset
+    BROKEN = "broken"  # do not trust it: close it
+
+
+class PoolPolicy:
+    """Decides how many sandboxes a pool keeps warm and whether it reuses them.
+
+    Subclass and register through ``rollbox_register_pool_policies``. Methods are
+    synchronous and cheap; the pool calls them often.
+    """
+
+    name: ClassVar[str] = "base"
+    reuse: ClassVar[bool] = True
+
+    def warm_target(self, spec: SandboxSpec) -> int:
+        """How many idle sandboxes of ``spec`` the filler should keep ready."""
+        return 0
+
+    def max_idle(self, spec: SandboxSpec) -> int:
+        """How many idle sandboxes of ``spec`` a release may keep (more are closed)."""
+        return 1_000_000
+
+    def upcoming(self, specs: Sequence[SandboxSpec]) -> None:
+        """Hint: specs that will be acquired next, soonest first (lookahead policies)."""
+
+
+class NoPoolPolicy(PoolPolicy):
+    """The baseline: create per acquire, close on release, keep nothing warm."""
+
+    name = "none"
+    reuse = False
+
+    def max_idle(self, spec: SandboxSpec) -> int:
+        return 0
+
+
+class StaticPoolPolicy(PoolPolicy):
+    """Keep ``size`` idle sandboxes per spec that has been asked for; reuse by reset."""
+
+    name = "static"
+
+    def __init__(self, size: int = 4, specs: Iterable[SandboxSpec] = ()) -> None:
+        self.size = size
+        self.specs = set(specs)
+
+    def warm_target(self, spec: SandboxSpec) -> int:
+        return self.size
+
+    def max_idle(self, spec: SandboxSpec) -> int:
+        return max(self.size, 1)
+
+
+@dataclass
+class Quarantined:
+    sandbox_id: str
+    spec: SandboxSpec
+    reason: str
+
+
+class _SpecState:
+    def __init__(self) -> None:
+        self.idle: deque[Sandbox] = deque()
+        self.creating = 0
+        self.filler: asyncio.Task[None] | None = None
+
+
+class Pool:
+    """Warm sandboxes for many specs over one backend. Use as an async context manager."""
+
+    def __init__(
+        self,
+        backend: Backend,
+        *,
+        policy: PoolPolicy | None = None,
+        max_sandboxes: int | None = None,
+        create_rate: float | None = None,
+        create_burst: int = 8,
+        health_check: bool = True,
+        metrics: Metrics | None = None,
+        on_failure: FailureObserver | None = None,
+    ) -> None:
+        self.backend = backend
+        self.policy = policy or StaticPoolPolicy(size=0)
+        self.max_sandboxes = max_sandboxes
+        self.limiter = TokenBucket(create_rate, create_burst) if create_rate else None
+        self.health_check = health_check
+        self.metrics = metrics or Metrics()
+        self.on_failure = on_failure
+        self.quarantined: deque[Quarantined] = deque(maxlen=1000)
+        self._specs: dict[SandboxSpec, _SpecState] = {}
+        self._lru: OrderedDict[Sandbox, SandboxSpec] = OrderedDict()  # idle, oldest first
+        self._leased: set[Sandbox] = set()
+        self._room = asyncio.Condition()
+        self._closed = False
+
+    # -- public API ------------------------------------------------------------------
+
+    @property
+    def live(self) -> int:
+        """Sandboxes in existence or being created (idle + leased + creating)."""
+        return len(self._lru) + len(self._leased) + sum(s.creating for s in self._specs.values())
+
+    def idle_count(self, spec: SandboxSpec | None = None) -> int:
+        if spec is None:
+            return len(self._lru)
+        state = self._specs.get(spec)
+        return len(state.idle) if state else 0
+
+    async def acquire(self, spec: SandboxSpec, *, timeout: float | None = None) -> Lease:
+        """A sandbox for ``spec``: a warm one if ready, else a new one.
+
+        Raises PoolClosedError, AcquireTimeoutError (retryable) or the backend's create
+        error (CreateFailedError and ImageStoreFullError are retryable).
+        """
+        loop = asyncio.get_running_loop()
+        requested = loop.time()
+        try:
+            async with asyncio.timeout(timeout):
+                sandbox = await self._obtain(spec)
+        except TimeoutError:
+            error = AcquireTimeoutError(
+                f"no sandbox for image {spec.image!r} within {timeout}s "
+                f"({self.live} live, max_sandboxes={self.max_sandboxes}); raise the limit "
+                "or release leases sooner"
+            )
+            self.metrics.failure(error)
+            raise error from None
+        self._leased.add(sandbox)
+        self.metrics.observe("queue_wait", loop.time() - requested)
+        self._kick(spec)
+        return Lease(self, sandbox, spec, requested)
+
+    def lease(self, spec: SandboxSpec, *, timeout: float | None = None) -> _LeaseContext:
+        """``async with pool.lease(spec) as sandbox:`` — released on exit (broken if a
+        SandboxError escaped)."""
+        return _LeaseContext(self, spec, timeout)
+
+    async def release(self, lease: Lease, outcome: Outcome = Outcome.OK) -> None:
+        """Give a lease back. OK sandboxes are reset in place and kept warm."""
+        if lease.released:
+            return
+        lease.released = True
+        sandbox = lease.raw
+        self._leased.discard(sandbox)
+        try:
+            keep = (
+                outcome is Outcome.OK
+                and self.policy.reuse
+                and not self._closed
+                and self.idle_count(lease.spec) < self.policy.max_idle(lease.spec)
+            )
+            if not keep:
+                await self._close(sandbox)
+                return
+            if await self._reset(sandbox, lease.spec):
+                self._park(sandbox, lease.spec)
+        finally:
+            await self._notify_room()
+
+    async def prewarm(self, spec: SandboxSpec, count: int) -> None:
+        """Create ``count`` idle sandboxes of ``spec`` now (paced like any create)."""
+        results = await asyncio.gather(
+            *(self._create(spec) for _ in range(count)), return_exceptions=True
+        )
+        for result in results:
+            if isinstance(result, Sandbox):
+                self._park(result, spec)
+            elif isinstance(result, BaseException) and not isinstance(result, RollboxError):
+                raise result
+
+    def upcoming(self, specs: Sequence[SandboxSpec]) -> None:
+        """Tell the policy (and the backend's image hydration) what comes next."""
+        self.policy.upcoming(specs)
+        self.backend.hint_upcoming([s.image for s in specs])
+        for spec in dict.fromkeys(specs):
+            self._kick(spec)
+
+    async def close(self) -> None:
+        """Stop filling, close every idle and leased sandbox. Idempotent."""
+        self._closed = True
+        fillers = [s.filler for s in self._specs.values() if s.filler is not None]
+        for task in fillers:
+            task.cancel()
+        await asyncio.gather(*fillers, return_exceptions=True)
+        victims = list(self._lru) + list(self._leased)
+        self._lru.clear()
+        self._leased.clear()
+        for state in self._specs.values():
+            state.idle.clear()
+        await asyncio.gather(*(self._close(s) for s in victims), return_exceptions=True)
+        await self._notify_room()
+
+    async def __aenter__(self) -> Pool:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    # -- internals -------------------------------------------------------------------
+
+    def _state(self, spec: SandboxSpec) -> _SpecState:
+        state = self._specs.get(spec)
+        if state is None:
+            state = self._specs[spec] = _SpecState()
+        return state
+
+    async def _obtain(self, spec: SandboxSpec) -> Sandbox:
+        state = self._state(spec)
+        while True:
+            if self._closed:
+                raise PoolClosedError("the pool is closed; create a new Pool")
+            while state.idle:
+                sandbox = state.idle.popleft()
+                self._lru.pop(sandbox, None)
+                if not self.health_check or await sandbox.ping():
+                    self.metrics.count("reuses")
+                    return sandbox
+                await self._quarantine(sandbox, spec, "failed its health check before hand-out")
+            if await self._make_room():
+                return await self._create(spec, counted=True)
+            async with self._room:
+                if not state.idle:
+                    await self._room.wait()
+
+    async def _make_room(self) -> bool:
+        """True when one more sandbox may exist, evicting an idle one if needed."""
+        if self.max_sandboxes is None or self.live < self.max_sandboxes:
+            return True
+        if self._lru:
+            victim, spec = self._lru.popitem(last=False)
+            self._state(spec).idle.remove(victim)
+            await self._close(victim)
+            self.metrics.count("evictions")
+            return self.live < self.max_sandboxes
+        return False
+
+    async def _create(self, spec: SandboxSpec, *, counted: bool = True) -> Sandbox:
+        state = self._state(spec)
+        state.creating += 1
+        try:
+            if self.limiter is not None:
+                await self.limiter.acquire()
+            loop = asyncio.get_running_loop()
+            started = loop.time()
+            try:
+                sandbox = await self.backend.create(spec)
+            except SandboxError as error:
+                self._count_failure(error, spec)
+                raise
+            self.metrics.observe("create", loop.time() - started)
+            self.metrics.count("creations")
+            self.metrics.count("mutations")
+            if self._closed:
+                await self._close(sandbox)
+                raise PoolClosedError("the pool closed while a sandbox was being created")
+            return sandbox
+        finally:
+            state.creating -= 1
+
+    async def _reset(self, sandbox: Sandbox, spec: SandboxSpec) -> bool:
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        try:
+            async with asyncio.timeout(spec.timeouts.reset_s):
+                await sandbox.reset()
+        except (SandboxError, TimeoutError, OSError) as exc:
+            await self._quarantine(sandbox, spec, f"reset failed: {exc!r}")
+            return False
+        self.metrics.observe("reset", loop.time() - started)
+        self.metrics.count("resets")
+        return True
+
+    def _park(self, sandbox: Sandbox, spec: SandboxSpec) -> None:
+        if self._closed:
+            asyncio.ensure_future(self._close(sandbox))
+            return
+        self._state(spec).idle.append(sandbox)
+        self._lru[sandbox] = spec
+
+    async def _quarantine(self, sandbox: Sandbox, spec: SandboxSpec, reason: str) -> None:
+        self.quarantined.append(Quarantined(sandbox.id, spec, reason))
+        self.metrics.count("quarantined")
+        self._count_failure(ResetFailedError(reason, sandbox_id=sandbox.id), spec)
+        await self._close(sandbox)
+
+    def _count_failure(self, error: SandboxError, spec: SandboxSpec) -> None:
+        self.metrics.failure(error)
+        if self.on_failure is not None:
+            self.on_failure(error, spec)
+
+    async def _close(self, sandbox: Sandbox) -> None:
+        with contextlib.suppress(RollboxError, OSError):
+            await sandbox.close()
+        self.metrics.count("closed")
+        self.metrics.count("mutations")
+
+    async def _notify_room(self) -> None:
+        async with self._room:
+            self._room.notify_all()
+
+    def _kick(self, spec: SandboxSpec) -> None:
+        state = self._state(spec)
+        if self._closed or (state.filler is not None and not state.filler.done()):
+            return
+        if len(state.idle) + state.creating < self.policy.warm_target(spec):
+            state.filler = asyncio.ensure_future(self._fill(spec))
+
+    async def _fill(self, spec: SandboxSpec) -> None:
+        state = self._state(spec)
+        failures = 0
+        while not self._closed and len(state.idle) + state.creating < self.policy.warm_target(
+            spec
+        ):
+            if self.max_sandboxes is not None and self.live >= self.max_sandboxes:
+                return
+            try:
+                sandbox = await self._create(spec)
+            except (SandboxError, PoolClosedError):
+                failures += 1
+                if failures >= 3:
+                    return
+                await asyncio.sleep(0.1 * 2**failures)
+                continue
+            self._park(sandbox, spec)
+            await self._notify_room()
+
+
+class Lease:
+    """A sandbox on loan from a pool. ``sandbox`` records TTFC and exec latency."""
+
+    def __init__(self, pool: Pool, sandbox: Sandbox, spec: SandboxSpec, requested: float) -> None:
+        self.pool = pool
+        self.raw = sandbox
+        self.spec = spec
+        self.requested = requested
+        self.released = False
+        self.sandbox: Sandbox = MeteredSandbox(self)
+
+    async def release(self, outcome: Outcome = Outcome.OK) -> None:
+        await self.pool.release(self, outcome)
+
+
+class MeteredSandbox(Sandbox):
+    """A leased sandbox: delegates to the real one and reports timings to the pool."""
+
+    def __init__(self, lease: Lease) -> None:
+        super().__init__(lease.raw.id, lease.spec)
+        self._lease = lease
+        self._first = True
+
+    @property
+    def _inner(self) -> Sandbox:
+        if self._lease.released:
+            raise SandboxLostError(
+                f"lease on sandbox {self.id} was released; acquire a new one", sandbox_id=self.id
+            )
+        return self._lease.raw
+
+    async def run(self, request: ExecRequest) -> ExecResult:
+        inner = self._inner
+        metrics = self._lease.pool.metrics
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        try:
+            return await inner.run(request)
+        finally:
+            now = loop.time()
+            metrics.observe("exec", now - started)
+            if self._first:
+                self._first = False
+                metrics.observe("ttfc", now - self._lease.requested)
+
+    async def start(self, request: ExecRequest) -> Process:
+        return await self._inner.start(request)
+
+    async def read_file(self, path: str) -> bytes:
+        return await self._inner.read_file(path)
+
+    async def write_file(self, path: str, data: bytes, *, mode: int = 0o644) -> None:
+        await self._inner.write_file(path, data, mode=mode)
+
+    async def upload(self, local: str | Path, remote: str) -> None:
+        await self._inner.upload(local, remote)
+
+    async def download(self, remote: str, local: str | Path) -> None:
+        await self._inner.download(remote, local)
+
+    async def reset(self) -> None:
+        await self._inner.reset()
+
+    async def snapshot(self) -> Snapshot:
+        return await self._inner.snapshot()
+
+    async def ping(self) -> bool:
+        return await self._inner.ping()
+
+    async def close(self) -> None:
+        """Closing a leased sandbox gives it back as broken."""
+        await self._lease.release(Outcome.BROKEN)
+
+
+class _LeaseContext:
+    def __init__(self, pool: Pool, spec: SandboxSpec, timeout: float | None) -> None:
+        self._pool, self._spec, self._timeout = pool, spec, timeout
+        self._lease: Lease | None = None
+
+    async def __aenter__(self) -> Sandbox:
+        self._lease = await self._pool.acquire(self._spec, timeout=self._timeout)
+        return self._lease.sandbox
+
+    async def __aexit__(self, exc_type: type[BaseException] | None, *rest: object) -> None:
+        assert self._lease is not None
+        broken = exc_type is not None and issubclass(exc_type, SandboxError) and not issubclass(
+            exc_type, _RECOVERABLE
+        )
+        await self._lease.release(Outcome.BROKEN if broken else Outcome.OK)
+
+
+# Errors after which the sandbox itself is still sound: a reset cleans up after them.
+_RECOVERABLE: tuple[type[SandboxError], ...] = (
+    ExecTimeoutError,
+    CommandNotFoundError,
+    SandboxFileNotFoundError,
+)

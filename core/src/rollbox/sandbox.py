@@ -1,0 +1,266 @@
+"""The sandbox handle every backend implements, and the values that cross it.
+
+A backend subclasses ``Sandbox`` and implements a handful of ``_``-free abstract methods
+(``run``, ``start``, ``read_file``, ``write_file``, ``reset``, ``close``); the public
+``exec``/``stream`` normalise arguments once, here, so every backend sees the same
+``ExecRequest``: an argv, a full environment, a timeout and an output cap that are
+always set.
+"""
+
+from __future__ import annotations
+
+import posixpath
+import shlex
+from abc import ABC, abstractmethod
+from collections.abc import AsyncIterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+from typing import TYPE_CHECKING, Literal
+
+from rollbox.errors import CapabilityNotSupportedError, PathOutsideSandboxError
+
+if TYPE_CHECKING:
+    from rollbox.spec import SandboxSpec
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What a backend can do. The conformance suite skips by these flags, never by name."""
+
+    reset_in_place: bool = False
+    snapshot: bool = False
+    fork: bool = False
+    streaming: bool = False
+    signals: bool = False
+    network_none: bool = False
+    network_host: bool = False
+    file_transfer: bool = True
+    memory_limit: bool = False
+    pids_limit: bool = False
+    cpu_time_limit: bool = False
+    file_size_limit: bool = False
+    isolation: bool = False
+    """Processes, files and network of the host are out of reach (a real boundary)."""
+
+
+@dataclass(frozen=True)
+class ExecRequest:
+    """One command, fully resolved: what a backend's ``run``/``start`` receives."""
+
+    argv: tuple[str, ...]
+    cwd: str
+    env: Mapping[str, str]
+    stdin: bytes | None
+    timeout_s: float
+    output_limit: int
+
+
+@dataclass(frozen=True)
+class ExecResult:
+    """How a command ended. ``exit_code`` is negative (-N) when signal N killed it."""
+
+    exit_code: int
+    stdout: bytes = b""
+    stderr: bytes = b""
+    duration_s: float = 0.0
+    stdout_truncated: bool = False
+    stderr_truncated: bool = False
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_code == 0
+
+    @property
+    def truncated(self) -> bool:
+        return self.stdout_truncated or self.stderr_truncated
+
+    @property
+    def text(self) -> str:
+        """stdout decoded as UTF-8, undecodable bytes replaced."""
+        return self.stdout.decode("utf-8", "replace")
+
+
+@dataclass(frozen=True)
+class OutputChunk:
+    stream: Literal["stdout", "stderr"]
+    data: bytes
+
+
+class Process(ABC):
+    """A command running in a sandbox, for streaming output and sending signals."""
+
+    @abstractmethod
+    def __aiter__(self) -> AsyncIterator[OutputChunk]:
+        """Output as it arrives, until both streams close."""
+
+    @abstractmethod
+    async def write_stdin(self, data: bytes) -> None: ...
+
+    @abstractmethod
+    async def close_stdin(self) -> None: ...
+
+    @abstractmethod
+    async def send_signal(self, signum: int) -> None:
+        """Deliver ``signum`` to the command's process group."""
+
+    @abstractmethod
+    async def wait(self) -> int:
+        """The exit code (-N for signal N); raises ExecTimeoutError past the timeout."""
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """An opaque, backend-owned frozen copy of a sandbox's filesystem."""
+
+    id: str
+    spec: SandboxSpec
+    backend: str
+    meta: Mapping[str, str] = field(default_factory=dict)
+
+
+class Sandbox(ABC):
+    """An isolated place to run commands. Use it as an async context manager."""
+
+    def __init__(self, sandbox_id: str, spec: SandboxSpec) -> None:
+        self.id = sandbox_id
+        self.spec = spec
+
+    # -- what backends implement -------------------------------------------------------
+
+    @abstractmethod
+    async def run(self, request: ExecRequest) -> ExecResult:
+        """Run to completion. Kill the whole process tree and raise ExecTimeoutError on
+        timeout; raise SandboxLostError if the sandbox dies meanwhile."""
+
+    async def start(self, request: ExecRequest) -> Process:
+        """Start a command for streaming. Backends with ``streaming`` override this."""
+        raise CapabilityNotSupportedError(f"{type(self).__name__} does not support streaming")
+
+    @abstractmethod
+    async def read_file(self, path: str) -> bytes:
+        """Bytes of a file inside the sandbox; refuses paths or symlinks leading outside."""
+
+    @abstractmethod
+    async def write_file(self, path: str, data: bytes, *, mode: int = 0o644) -> None:
+        """Create or replace a file (parents created); refuses paths leading outside."""
+
+    async def upload(self, local: str | Path, remote: str) -> None:
+        """Copy a local file into the sandbox (backends may add directory support)."""
+        src = Path(local)
+        await self.write_file(remote, src.read_bytes(), mode=src.stat().st_mode & 0o777)
+
+    async def download(self, remote: str, local: str | Path) -> None:
+        """Copy a file out of the sandbox."""
+        Path(local).write_bytes(await self.read_file(remote))
+
+    @abstractmethod
+    async def reset(self) -> None:
+        """Bring the sandbox back to its image's state: files, processes, environment.
+        Raise ResetFailedError if that cannot be guaranteed."""
+
+    async def snapshot(self) -> Snapshot:
+        raise CapabilityNotSupportedError(f"{type(self).__name__} does not support snapshots")
+
+    async def ping(self) -> bool:
+        """Cheap health check before a pool hands the sandbox out."""
+        try:
+            return (await self.exec(["true"], timeout=10)).ok
+        except Exception:
+            return False
+
+    @abstractmethod
+    async def close(self) -> None:
+        """Release everything (processes, mounts, directories, remote objects). Idempotent."""
+
+    # -- what callers use --------------------------------------------------------------
+
+    def request(
+        self,
+        command: str | Sequence[str],
+        *,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+        stdin: bytes | None = None,
+        timeout: float | None = None,
+        output_limit: int | None = None,
+    ) -> ExecRequest:
+        """Resolve exec arguments against the spec. A str runs through ``/bin/sh -c``."""
+        if isinstance(command, str):
+            argv: tuple[str, ...] = ("/bin/sh", "-c", command)
+        else:
+            argv = tuple(command)
+            if not argv or not all(isinstance(a, str) for a in argv):
+                raise TypeError("command must be a shell string or a non-empty list of str")
+        merged = {**self.spec.env, **(env or {})}
+        merged.setdefault("PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")
+        merged.setdefault("HOME", "/root")
+        return ExecRequest(
+            argv=argv,
+            cwd=resolve_path(cwd or self.spec.workdir, self.spec.workdir),
+            env=merged,
+            stdin=stdin,
+            timeout_s=timeout if timeout is not None else self.spec.timeouts.exec_s,
+            output_limit=output_limit or self.spec.output_limit_bytes,
+        )
+
+    async def exec(
+        self,
+        command: str | Sequence[str],
+        *,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+        stdin: bytes | None = None,
+        timeout: float | None = None,
+        output_limit: int | None = None,
+    ) -> ExecResult:
+        """Run ``command`` (argv list, or a shell string) and return how it ended."""
+        return await self.run(
+            self.request(
+                command, cwd=cwd, env=env, stdin=stdin, timeout=timeout, output_limit=output_limit
+            )
+        )
+
+    async def stream(
+        self,
+        command: str | Sequence[str],
+        *,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+        timeout: float | None = None,
+        output_limit: int | None = None,
+    ) -> Process:
+        """Start ``command`` and return a Process to stream its output and signal it."""
+        return await self.start(
+            self.request(command, cwd=cwd, env=env, timeout=timeout, output_limit=output_limit)
+        )
+
+    async def __aenter__(self) -> Sandbox:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.id} image={self.spec.image!r}>"
+
+
+def resolve_path(path: str, workdir: str = "/") -> str:
+    """Normalise a sandbox path (relative ones are taken from ``workdir``).
+
+    This is a lexical check only: it refuses NUL bytes and returns an absolute path with
+    no ``..``. Backends must still refuse symlinks that lead outside the sandbox.
+    """
+    if not isinstance(path, str) or not path or "\0" in path:
+        raise PathOutsideSandboxError(f"invalid sandbox path {path!r}")
+    return posixpath.normpath(posixpath.join(workdir, path)).replace("//", "/")
+
+
+def shell_join(argv: Sequence[str]) -> str:
+    """Quote an argv for display or for backends that only take a shell string."""
+    return shlex.join(argv)

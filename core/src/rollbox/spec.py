@@ -1,0 +1,151 @@
+"""What a sandbox is made of: ``SandboxSpec``, frozen and hashable, the key of a warm pool."""
+
+from __future__ import annotations
+
+import posixpath
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+from rollbox.errors import InvalidSpecError
+
+MiB = 1024 * 1024
+
+
+class FrozenMap(Mapping[str, str]):
+    """An immutable, hashable str→str mapping (so a spec holding one stays a dict key)."""
+
+    __slots__ = ("_items",)
+
+    def __init__(self, items: Mapping[str, str] | None = None) -> None:
+        self._items: tuple[tuple[str, str], ...] = tuple(sorted((items or {}).items()))
+
+    def __getitem__(self, key: str) -> str:
+        for k, v in self._items:
+            if k == key:
+                return v
+        raise KeyError(key)
+
+    def __iter__(self) -> Iterator[str]:
+        return (k for k, _ in self._items)
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def __hash__(self) -> int:
+        return hash(self._items)
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, FrozenMap):
+            return self._items == other._items
+        return isinstance(other, Mapping) and dict(self._items) == dict(other)
+
+    def __repr__(self) -> str:
+        return f"FrozenMap({dict(self._items)!r})"
+
+
+class Network(str, Enum):
+    """Network reach of a sandbox. ``none`` (the default) leaves it only a loopback."""
+
+    NONE = "none"
+    HOST = "host"
+
+
+@dataclass(frozen=True)
+class Resources:
+    """Limits on what one sandbox may consume. ``None`` means the backend's own ceiling."""
+
+    cpus: float = 1.0
+    memory_mb: int = 2048
+    pids: int = 512
+    disk_mb: int = 4096
+    file_size_mb: int = 1024
+    cpu_seconds: int | None = None
+
+    def __post_init__(self) -> None:
+        _positive("resources.cpus", self.cpus)
+        _positive("resources.memory_mb", self.memory_mb)
+        _positive("resources.pids", self.pids)
+        _positive("resources.disk_mb", self.disk_mb)
+        _positive("resources.file_size_mb", self.file_size_mb)
+        if self.cpu_seconds is not None:
+            _positive("resources.cpu_seconds", self.cpu_seconds)
+
+
+@dataclass(frozen=True)
+class Timeouts:
+    """Seconds allowed for each phase. ``exec_s`` is the default when exec gives none."""
+
+    create_s: float = 120.0
+    exec_s: float = 600.0
+    reset_s: float = 30.0
+
+    def __post_init__(self) -> None:
+        _positive("timeouts.create_s", self.create_s)
+        _positive("timeouts.exec_s", self.exec_s)
+        _positive("timeouts.reset_s", self.reset_s)
+
+
+@dataclass(frozen=True)
+class SandboxSpec:
+    """Everything that decides what a fresh sandbox looks like.
+
+    Two sandboxes of equal specs are interchangeable, which is what lets a pool hand a
+    warm one to whoever asks for that spec. ``env`` and ``labels`` accept any mapping and
+    are frozen on construction.
+    """
+
+    image: str = "host"
+    workdir: str = "/"
+    env: Mapping[str, str] = field(default_factory=FrozenMap)
+    resources: Resources = field(default_factory=Resources)
+    network: Network = Network.NONE
+    timeouts: Timeouts = field(default_factory=Timeouts)
+    output_limit_bytes: int = 4 * MiB
+    reset_command: str | None = None
+    labels: Mapping[str, str] = field(default_factory=FrozenMap)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.image, str) or not self.image.strip():
+            raise InvalidSpecError("SandboxSpec.image must be a non-empty image reference")
+        if not posixpath.isabs(self.workdir) or "\0" in self.workdir:
+            raise InvalidSpecError(
+                f"SandboxSpec.workdir must be an absolute path, got {self.workdir!r}"
+            )
+        object.__setattr__(self, "workdir", posixpath.normpath(self.workdir))
+        try:
+            object.__setattr__(self, "network", Network(self.network))
+        except ValueError:
+            choices = ", ".join(n.value for n in Network)
+            raise InvalidSpecError(
+                f"SandboxSpec.network must be one of {choices}, got {self.network!r}"
+            ) from None
+        object.__setattr__(self, "env", _frozen("env", self.env))
+        object.__setattr__(self, "labels", _frozen("labels", self.labels))
+        for key in self.env:
+            if not key or "=" in key or "\0" in key:
+                raise InvalidSpecError(f"SandboxSpec.env has an invalid variable name {key!r}")
+        _positive("output_limit_bytes", self.output_limit_bytes)
+
+    def replace(self, **changes: Any) -> SandboxSpec:
+        """A copy with some fields changed (validated like a new spec)."""
+        fields = {name: getattr(self, name) for name in self.__dataclass_fields__}
+        fields.update(changes)
+        return SandboxSpec(**fields)
+
+
+def _frozen(name: str, value: Mapping[str, str]) -> FrozenMap:
+    if isinstance(value, FrozenMap):
+        return value
+    if not isinstance(value, Mapping):
+        raise InvalidSpecError(f"SandboxSpec.{name} must be a mapping of str to str")
+    for k, v in value.items():
+        if not isinstance(k, str) or not isinstance(v, str) or "\0" in v:
+            raise InvalidSpecError(f"SandboxSpec.{name}[{k!r}] must be a str without NUL")
+    return FrozenMap(value)
+
+
+def _positive(name: str, value: float) -> None:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+        raise InvalidSpecError(f"SandboxSpec.{name} must be a positive number, got {value!r}")

@@ -1,0 +1,1 @@
+"""rollbox's local backend: bubblewrap sandboxes on this machine."""

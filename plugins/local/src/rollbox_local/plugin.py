@@ -1,0 +1,1 @@
+"""Registers the local backend with rollbox (entry point group ``rollbox``)."""
