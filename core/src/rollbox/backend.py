@@ -58,6 +58,16 @@ class Backend(ABC):
     async def aclose(self) -> None:
         """Close every sandbox this backend still owns and release shared resources."""
 
+    async def leftovers(self) -> list[str]:
+        """What this backend still holds: one line per live sandbox, process, mount,
+        directory or remote object it created (empty when everything is released).
+
+        The conformance suite calls it after closing every sandbox it made and fails
+        if anything new is listed, so a backend that can see its own resources should
+        report them here. The default reports nothing.
+        """
+        return []
+
     @classmethod
     def doctor(cls) -> list[Diagnostic]:
         """Checks that this backend can run on this machine (``rollbox doctor``)."""

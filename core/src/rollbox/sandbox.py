@@ -42,6 +42,9 @@ class Capabilities:
     file_size_limit: bool = False
     isolation: bool = False
     """Processes, files and network of the host are out of reach (a real boundary)."""
+    shell: bool = True
+    """``exec`` runs real programs: the image has ``/bin/sh`` and the POSIX utilities.
+    In-memory fakes set it False; the conformance suite skips shell-based tests then."""
 
 
 @dataclass(frozen=True)
@@ -122,6 +125,9 @@ class Snapshot:
 class Sandbox(ABC):
     """An isolated place to run commands. Use it as an async context manager."""
 
+    base_env: Mapping[str, str] = {}
+    """Environment under the spec's (e.g. the image's own ENV); the spec's wins."""
+
     def __init__(self, sandbox_id: str, spec: SandboxSpec) -> None:
         self.id = sandbox_id
         self.spec = spec
@@ -192,7 +198,7 @@ class Sandbox(ABC):
             argv = tuple(command)
             if not argv or not all(isinstance(a, str) for a in argv):
                 raise TypeError("command must be a shell string or a non-empty list of str")
-        merged = {**self.spec.env, **(env or {})}
+        merged = {**self.base_env, **self.spec.env, **(env or {})}
         merged.setdefault("PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")
         merged.setdefault("HOME", "/root")
         return ExecRequest(

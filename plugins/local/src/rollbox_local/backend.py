@@ -1,0 +1,213 @@
+"""The local backend: bubblewrap sandboxes on this machine, no daemon, no root needed.
+
+State directory layout (``$ROLLBOX_HOME``, see ``paths.py``)::
+
+    images/          the image store (images.py)
+    sandboxes/<id>/  upperN/ workN/ (the writable layer of generation N), bwrap.log
+    snapshots/<id>/  frozen copies of writable layers, lower layers for forks
+    trash/           layers dropped by reset, deleted in the background
+    etc/             passwd, group, hosts, hostname shown inside every sandbox
+    empty/           the lowest layer of images that have no root filesystem
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import resource
+import secrets
+import uuid
+from pathlib import Path
+from typing import ClassVar
+
+from rollbox.backend import Backend, Diagnostic
+from rollbox.errors import BackendUnavailableError, CreateFailedError, ImageError, SandboxError
+from rollbox.sandbox import Capabilities, Snapshot
+from rollbox.spec import SandboxSpec
+
+from rollbox_local import doctor as doctor_checks
+from rollbox_local.bwrap import Bwrap, find_bwrap, write_etc
+from rollbox_local.images import Image, ImageStore
+from rollbox_local.layers import copy_layer, remove_tree
+from rollbox_local.paths import default_home, sandbox_ids, unreachable_by
+from rollbox_local.sandbox import LocalSandbox
+from rollbox_local.zygote import Zygote
+
+GiB = 1024**3
+
+
+class LocalBackend(Backend):
+    """Sandboxes as bubblewrap namespaces over copy-on-write layers of local images."""
+
+    name = "local"
+    capabilities: ClassVar[Capabilities] = Capabilities(
+        reset_in_place=True, snapshot=True, fork=True, streaming=True, signals=True,
+        network_none=True, network_host=True, file_transfer=True, memory_limit=True,
+        pids_limit=True, cpu_time_limit=True, file_size_limit=True, isolation=True,
+    )
+
+    def __init__(
+        self,
+        *,
+        state_dir: str | Path | None = None,
+        image_capacity_bytes: int | None = None,
+        images: ImageStore | None = None,
+    ) -> None:
+        self.state_dir = Path(state_dir) if state_dir is not None else default_home()
+        self.ids = sandbox_ids()
+        for sub in ("sandboxes", "snapshots", "trash", "empty"):
+            (self.state_dir / sub).mkdir(parents=True, exist_ok=True)
+        self.etc_dir = self.state_dir / "etc"
+        write_etc(self.etc_dir)
+        if self.ids is not None:
+            self._check_reachable()
+        capacity = image_capacity_bytes or int(
+            float(os.environ.get("ROLLBOX_IMAGE_CAPACITY_GB", "20")) * GiB
+        )
+        self.images = images or ImageStore(
+            self.state_dir / "images", capacity_bytes=capacity,
+            owner_uid=self.ids[0] if self.ids else None,
+            owner_gid=self.ids[1] if self.ids else None,
+        )
+        self.zygote = Zygote()
+        self._bwrap: Bwrap | None = None
+        self._block: tuple[int, int] | None = None
+        self._sandboxes: dict[str, LocalSandbox] = {}
+        self._background: set[asyncio.Task[None]] = set()
+        _raise_nofile_limit()
+
+    # -- shared resources ----------------------------------------------------------------
+
+    @property
+    def bwrap(self) -> Bwrap:
+        if self._bwrap is None:
+            self._bwrap = find_bwrap()
+        return self._bwrap
+
+    @property
+    def block_fd(self) -> int:
+        """Read end of a pipe nobody writes to: every sandbox's init blocks on it. When
+        this process dies the pipe closes and every sandbox ends with it."""
+        if self._block is None:
+            self._block = os.pipe()
+        return self._block[0]
+
+    def _check_reachable(self) -> None:
+        assert self.ids is not None
+        blocked = unreachable_by(self.state_dir, self.ids[0])
+        if blocked is not None:
+            raise BackendUnavailableError(
+                f"the sandbox user (uid {self.ids[0]}) cannot reach {self.state_dir}: "
+                f"{blocked} is private (mode {blocked.stat().st_mode & 0o777:o}). Set "
+                "ROLLBOX_HOME to a directory under a world-searchable path (default "
+                "/var/lib/rollbox when running as root)"
+            )
+
+    # -- Backend API ---------------------------------------------------------------------
+
+    async def create(self, spec: SandboxSpec) -> LocalSandbox:
+        image = await self.images.pin(spec.image)
+        lowers = (image.rootfs or self.state_dir / "empty",)
+        try:
+            return await self._start(spec, image, lowers)
+        except BaseException:
+            self.images.unpin(image)
+            raise
+
+    async def _start(self, spec: SandboxSpec, image: Image,
+                     lowers: tuple[Path, ...]) -> LocalSandbox:
+        sandbox_id = f"lbx-{uuid.uuid4().hex[:12]}"
+        directory = self.state_dir / "sandboxes" / sandbox_id
+        directory.mkdir(mode=0o755)
+        if self.ids is not None:
+            os.chown(directory, *self.ids)
+        sandbox = LocalSandbox(self, sandbox_id, spec, image, directory, lowers)
+        try:
+            await sandbox.boot()
+        except BaseException as exc:
+            remove_tree(directory)
+            if isinstance(exc, SandboxError | BackendUnavailableError):
+                raise
+            if isinstance(exc, OSError):
+                raise CreateFailedError(f"cannot create sandbox: {exc}",
+                                        sandbox_id=sandbox_id) from exc
+            raise
+        self._sandboxes[sandbox_id] = sandbox
+        return sandbox
+
+    async def prefetch(self, image: str) -> None:
+        await self.images.prefetch(image)
+
+    def hint_upcoming(self, images: list[str] | tuple[str, ...]) -> None:  # type: ignore[override]
+        self.images.hint(images)
+
+    async def snapshot_of(self, sandbox: LocalSandbox, upper: Path) -> Snapshot:
+        snap_id = f"snap-{secrets.token_hex(6)}"
+        layer = self.state_dir / "snapshots" / snap_id
+        await asyncio.to_thread(copy_layer, upper, layer)
+        lowers = (layer, *sandbox.lowers)
+        return Snapshot(
+            id=snap_id, spec=sandbox.spec, backend=self.name,
+            meta={"image": sandbox.spec.image, "lowers": os.pathsep.join(map(str, lowers))},
+        )
+
+    async def fork(self, snapshot: Snapshot) -> LocalSandbox:
+        lowers = tuple(Path(p) for p in snapshot.meta["lowers"].split(os.pathsep))
+        missing = [p for p in lowers if not p.is_dir()]
+        if missing:
+            raise ImageError(f"snapshot {snapshot.id} is gone ({missing[0]} missing)")
+        image = await self.images.pin(snapshot.spec.image)
+        try:
+            return await self._start(snapshot.spec, image, lowers)
+        except BaseException:
+            self.images.unpin(image)
+            raise
+
+    async def drop_snapshot(self, snapshot: Snapshot) -> None:
+        await asyncio.to_thread(remove_tree, self.state_dir / "snapshots" / snapshot.id)
+
+    def forget(self, sandbox: LocalSandbox) -> None:
+        if self._sandboxes.pop(sandbox.id, None) is not None:
+            self.images.unpin(sandbox.image)
+
+    def discard(self, generation: Generation) -> None:
+        """Finish off a killed generation and delete its layer, off the critical path."""
+
+        async def finish() -> None:
+            await generation.stop()
+            await asyncio.to_thread(_remove_all, [generation.upper, generation.work])
+
+        task = asyncio.ensure_future(finish())
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    @property
+    def live_sandboxes(self) -> int:
+        return len(self._sandboxes)
+
+    async def aclose(self) -> None:
+        await asyncio.gather(*(s.close() for s in list(self._sandboxes.values())),
+                             return_exceptions=True)
+        if self._background:
+            await asyncio.gather(*self._background, return_exceptions=True)
+        self.zygote.close()
+        if self._block is not None:
+            for fd in self._block:
+                os.close(fd)
+            self._block = None
+
+    @classmethod
+    def doctor(cls) -> list[Diagnostic]:
+        return doctor_checks.run_checks()
+
+
+def _remove_all(paths: list[Path]) -> None:
+    for path in paths:
+        remove_tree(path)
+
+
+def _raise_nofile_limit() -> None:
+    """Each live sandbox holds a pidfd: lift the soft fd limit to the hard one."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < hard:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))

@@ -1,0 +1,714 @@
+"""The local image store: images unpacked on this machine, within a disk capacity.
+
+Layout under ``root``::
+
+    index.json           refs → digest (names from ``import``, and paths already seen)
+    images/<hex>/        one hydrated image: rootfs/ and meta.json (its mtime = last use)
+    tmp/<pid>-<token>/   an image being unpacked; renamed into images/ only when complete
+    trash/               evicted images on their way out
+
+An image appears in ``images/`` by one atomic rename, so a crash never leaves a half image
+that looks complete; leftovers in ``tmp/`` from dead processes and ``trash/`` are removed
+when a store opens. Images are keyed by content digest; a ref (a name, or a path with a
+fingerprint of its state) maps to a digest. An evicted image keeps its refs, so a later pin
+unpacks it again from its source path.
+
+Capacity: the bytes of hydrated images plus those reserved by hydrations in flight never
+exceed ``capacity_bytes``. Room is made by evicting the least recently used unpinned
+image; a pinned one is never evicted.
+
+Concurrency: one store object serves the coroutines of one event loop (its bookkeeping
+runs on the loop thread, heavy work in worker threads). Several processes may share a
+root, but pins are not shared between processes: do not ``rollbox images rm`` an image a
+running job uses.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import builtins
+import contextlib
+import functools
+import json
+import logging
+import os
+import secrets
+import time
+from collections import Counter
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+from rollbox.errors import (
+    ImageCorruptError,
+    ImageError,
+    ImageNotFoundError,
+    ImageStoreFullError,
+    UsageError,
+)
+
+from rollbox_local import oci
+from rollbox_local.paths import default_home, sandbox_ids
+
+log = logging.getLogger(__name__)
+
+HOST = "host"
+GiB = 1024**3
+DEFAULT_CAPACITY_GB = 20.0
+_MAX_PIN_ATTEMPTS = 5
+
+
+@dataclass(frozen=True)
+class Image:
+    """A hydrated image, as the runtime needs it."""
+
+    ref: str  # the reference it was asked for ("host", a name, or a path)
+    digest: str  # "sha256:..." content id ("host" for the host image)
+    rootfs: Path | None  # unpacked, flattened root filesystem; None for the pure host image
+    on_host: bool  # lay rootfs over the host's read-only system dirs
+    env: Mapping[str, str] = field(hash=False)  # from the OCI config Env
+    workdir: str | None  # OCI config WorkingDir
+    size_bytes: int  # bytes on disk of rootfs
+
+
+HOST_IMAGE = Image(HOST, HOST, None, True, MappingProxyType({}), None, 0)
+
+
+@dataclass(frozen=True)
+class ImageInfo:
+    """One stored image, for listings."""
+
+    refs: tuple[str, ...]  # names first, then paths, that map to it
+    digest: str
+    size_bytes: int
+    pinned: int
+    last_used: float  # seconds since the epoch
+    on_host: bool
+
+    @property
+    def name(self) -> str:
+        return self.refs[0] if self.refs else self.digest
+
+
+@dataclass
+class ImageStoreStats:
+    hydrations: int = 0
+    evictions: int = 0
+    hydration_seconds: float = 0.0  # total
+    hydration_samples: list[float] = field(default_factory=list)  # one per hydration
+
+
+@dataclass
+class _Entry:
+    digest: str
+    size_bytes: int
+    on_host: bool
+    env: dict[str, str]
+    workdir: str | None
+    source: str | None
+    last_used: float
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """How to get a ref: already stored (``stored``), or from a probed source."""
+
+    ref: str
+    digest: str | None
+    ref_key: str | None = None  # key in the ref index to record after hydration
+    fingerprint: str | None = None
+    probe: oci.Probe | None = None
+    names: tuple[str, ...] = ()  # names to point at the result too
+    expect: str | None = None  # the digest a name recorded: its source must still give it
+
+    @property
+    def key(self) -> str:
+        """Identity of the hydration, so concurrent requests share one."""
+        if self.digest is not None:
+            return self.digest
+        return f"src:{self.ref_key}"
+
+
+def _capacity_from_env() -> int:
+    raw = os.environ.get("ROLLBOX_IMAGE_CAPACITY_GB", "")
+    try:
+        gb = float(raw) if raw.strip() else DEFAULT_CAPACITY_GB
+    except ValueError:
+        raise UsageError(f"ROLLBOX_IMAGE_CAPACITY_GB={raw!r} is not a number (GiB)") from None
+    if gb <= 0:
+        raise UsageError(f"ROLLBOX_IMAGE_CAPACITY_GB={raw!r} must be positive")
+    return int(gb * GiB)
+
+
+def _mb(n: int) -> str:
+    return f"{n / 1e6:.1f} MB"
+
+
+def _is_name(key: str) -> bool:
+    """Names and path refs share the index; a path ref's key is always absolute."""
+    return not key.startswith("/") and not key.startswith(tuple(oci.PREFIXES))
+
+
+def _validate_name(name: str) -> None:
+    bad = (
+        not name or name == HOST or name.startswith(("sha256:", ".", "~", "/"))
+        or not _is_name(name) or any(c.isspace() or c == "\0" for c in name)
+    )
+    if bad:
+        raise UsageError(
+            f"invalid image name {name!r}: use e.g. 'python-3.11' or 'swebench/astropy:1'; "
+            "not 'host', no spaces, not starting with '/', '.', '~', 'sha256:' or a format "
+            "prefix (oci:, docker-archive:, dir:)"
+        )
+
+
+class ImageStore:
+    """Hydrated images on local disk, pinned while in use, evicted LRU within a capacity."""
+
+    def __init__(
+        self,
+        root: Path,
+        *,
+        capacity_bytes: int,
+        owner_uid: int | None = None,
+        owner_gid: int | None = None,
+    ) -> None:
+        if capacity_bytes <= 0:
+            raise UsageError(f"image store capacity must be positive, not {capacity_bytes}")
+        self.root = Path(root)
+        self.capacity_bytes = capacity_bytes
+        self.owner_uid = owner_uid
+        self.owner_gid = owner_gid
+        self.stats = ImageStoreStats()
+        self._images = self.root / "images"
+        self._tmp = self.root / "tmp"
+        self._trash = self.root / "trash"
+        self._index_path = self.root / "index.json"
+        for d in (self._images, self._tmp, self._trash):
+            d.mkdir(parents=True, exist_ok=True)
+        self._entries: dict[str, _Entry] = {}
+        self._refs: dict[str, dict[str, Any]] = self._read_index()
+        self._pins: Counter[str] = Counter()
+        self._reserved: dict[str, int] = {}
+        self._inflight: dict[str, asyncio.Task[_Entry]] = {}
+        self._hinted: list[str] = []  # digests of the latest hint, soonest first
+        self._hint_task: asyncio.Task[None] | None = None
+        self._hint_errors: dict[str, ImageError] = {}
+        self._background: set[asyncio.Task[Any]] = set()
+        self._clean_leftovers()
+        self._load_entries()
+
+    @classmethod
+    def default(cls) -> ImageStore:
+        """The store the local backend uses: ``$ROLLBOX_HOME/images`` (see
+        ``paths.default_home``), ``$ROLLBOX_IMAGE_CAPACITY_GB`` GiB (default 20), files
+        owned by the sandbox user when running as root."""
+        ids = sandbox_ids()
+        return cls(default_home() / "images", capacity_bytes=_capacity_from_env(),
+                   owner_uid=ids[0] if ids else None, owner_gid=ids[1] if ids else None)
+
+    # --- public API -----------------------------------------------------------------------
+
+    async def pin(self, ref: str) -> Image:
+        """The image for ``ref``, hydrated, and marked in use until ``unpin``."""
+        if ref == HOST:
+            return HOST_IMAGE
+        hint_error = self._hint_errors.pop(ref, None)
+        if hint_error is not None and not hint_error.retryable:
+            raise hint_error
+        for _attempt in range(_MAX_PIN_ATTEMPTS):
+            entry = await self._ensure(ref)
+            # Between the hydration finishing and this coroutine resuming, another one
+            # may have evicted it; then hydrate again.
+            if entry.digest in self._entries:
+                self._pins[entry.digest] += 1
+                self._touch(entry)
+                return self._image(ref, entry)
+        raise ImageStoreFullError(
+            f"image {ref!r} was evicted {_MAX_PIN_ATTEMPTS} times before it could be pinned; "
+            "the store is too small for the images in flight (raise ROLLBOX_IMAGE_CAPACITY_GB)"
+        )
+
+    def unpin(self, image: Image) -> None:
+        if image.digest == HOST:
+            return
+        if self._pins[image.digest] <= 0:
+            log.warning("unpin of image %s that is not pinned (ignored)", image.digest)
+            return
+        self._pins[image.digest] -= 1
+        if self._pins[image.digest] == 0:
+            del self._pins[image.digest]
+        entry = self._entries.get(image.digest)
+        if entry is not None:
+            self._touch(entry)
+
+    async def prefetch(self, ref: str) -> Image:
+        """Hydrate ``ref`` without pinning it (it may be evicted again under pressure)."""
+        if ref == HOST:
+            return HOST_IMAGE
+        entry = await self._ensure(ref)
+        return self._image(ref, entry)
+
+    def hint(self, refs: Sequence[str]) -> None:
+        """Images wanted next, soonest first: hydrate in the background as many as fit
+        without evicting pinned images or ones earlier in this list. Replaces the previous
+        hint. Failures are logged and raised by the next ``pin`` of that ref. Must be
+        called on the event loop."""
+        loop = asyncio.get_running_loop()
+        if self._hint_task is not None:
+            self._hint_task.cancel()  # hydrations it started keep running (they are shared)
+        self._hinted = []
+        for ref in refs:
+            self._hint_errors.pop(ref, None)
+        self._hint_task = loop.create_task(self._run_hint(list(refs)))
+        self._keep(self._hint_task)
+
+    def is_hydrated(self, ref: str) -> bool:
+        if ref == HOST:
+            return True
+        try:
+            plan = self._plan(ref, probe=True)  # reads the source's metadata only
+        except ImageError:
+            return False
+        return plan.digest is not None and plan.digest in self._entries
+
+    def list(self) -> list[ImageInfo]:
+        refs_by_digest: dict[str, builtins.list[str]] = {}
+        for ref, rec in sorted(self._refs.items(), key=lambda kv: (not _is_name(kv[0]), kv[0])):
+            refs_by_digest.setdefault(str(rec.get("digest")), []).append(ref)
+        return [
+            ImageInfo(tuple(refs_by_digest.get(e.digest, ())), e.digest, e.size_bytes,
+                      self._pins[e.digest], e.last_used, e.on_host)
+            for e in sorted(self._entries.values(), key=lambda e: -e.last_used)
+        ]
+
+    def remove(self, ref: str) -> None:
+        """Delete the image ``ref`` names (a name, path or digest) and every ref to it."""
+        if ref == HOST:
+            raise UsageError("the host image is built in and cannot be removed")
+        digest = self._stored_digest(ref)
+        if self._pins[digest]:
+            raise UsageError(
+                f"image {ref!r} ({digest[:19]}) is in use by {self._pins[digest]} sandbox(es); "
+                "close them first, then remove it"
+            )
+        gone = [r for r, rec in self._refs.items() if rec.get("digest") == digest]
+        if gone:
+            self._write_refs(dict.fromkeys(gone))
+        if digest in self._entries:
+            oci.force_rmtree(self._evict(digest, count=False))
+
+    def import_path(self, path: Path | str, name: str | None = None) -> Image:
+        """Unpack the image at ``path`` now (blocking) and register it under ``name``.
+
+        ``path`` may carry a format prefix (``oci:``, ``docker-archive:``, ``dir:``). Call
+        it off the event loop or when no coroutine uses this store."""
+        if name is not None:
+            _validate_name(name)
+        ref = str(path)
+        plan = self._plan(ref, probe=True, force_probe=True)
+        if name is not None:
+            plan = _Plan(plan.ref, plan.digest, plan.ref_key, plan.fingerprint, plan.probe,
+                         (name,))
+        if plan.digest is not None and plan.digest in self._entries:
+            entry = self._entries[plan.digest]
+            self._record(plan, entry)
+        else:
+            try:
+                for trash in self._make_room(plan, spare=None):
+                    oci.force_rmtree(trash)
+                staging, unpacked, seconds = self._unpack_staged(plan)
+                try:
+                    if unpacked.digest in self._entries:
+                        oci.force_rmtree(staging)
+                        entry = self._entries[unpacked.digest]
+                        self._record(plan, entry)
+                    else:
+                        for trash in self._make_room(plan, spare=None,
+                                                     need=unpacked.size_bytes):
+                            oci.force_rmtree(trash)
+                        entry = self._register(plan, self._install(staging, unpacked), seconds)
+                except BaseException:
+                    oci.force_rmtree(staging)
+                    raise
+            finally:
+                self._reserved.pop(plan.key, None)
+        self._touch(entry)
+        return self._image(name or ref, entry)
+
+    async def wait_idle(self) -> None:
+        """Wait until the latest hint, hydrations and deletions in flight are all done."""
+        while pending := [t for t in self._background if not t.done()]:
+            await asyncio.gather(*pending, return_exceptions=True)
+
+    async def aclose(self) -> None:
+        """Stop background hints and wait for hydrations and deletions in flight."""
+        if self._hint_task is not None:
+            self._hint_task.cancel()
+        pending = list(self._background)
+        if pending:
+            await asyncio.gather(*pending, return_exceptions=True)
+
+    def _stored_digest(self, ref: str) -> str:
+        """The digest a name, path or digest refers to, without probing anything."""
+        if ref in self._entries:
+            return ref
+        rec = self._refs.get(ref)
+        if rec is None:
+            split = oci.split_path_ref(ref)
+            if split is not None:
+                kind, path = split
+                rec = self._refs.get(oci.path_key(kind, path))
+        if rec is None:
+            raise ImageNotFoundError(f"no stored image for {ref!r} (see rollbox images ls)")
+        return str(rec["digest"])
+
+    # --- resolution -----------------------------------------------------------------------
+
+    def _plan(self, ref: str, *, probe: bool, force_probe: bool = False) -> _Plan:
+        """Resolve ``ref`` to a digest if that is cheap, and probe its source if needed.
+
+        Blocking (reads the source's metadata): call it in a thread from async code."""
+        if ref.startswith("sha256:"):
+            if ref in self._entries:
+                return _Plan(ref, ref)
+            raise ImageNotFoundError(f"no stored image with digest {ref}")
+        split = oci.split_path_ref(ref)
+        if split is None or (ref in self._refs and _is_name(ref)):
+            return self._plan_name(ref, probe=probe, force_probe=force_probe)
+        kind, path = split
+        ref_key = oci.path_key(kind, path)
+        if not os.path.lexists(path):
+            also = "" if ref.startswith(("/", ".", "~")) or kind else " and no imported name"
+            raise ImageNotFoundError(
+                f"no image {ref!r}: no file or directory at {path}{also}")
+        rec = self._refs.get(ref_key)
+        if rec is not None and not force_probe:
+            fp = oci.fingerprint(oci.detect(kind, path), path)
+            if rec.get("fingerprint") == fp and rec.get("digest") in self._entries:
+                return _Plan(ref, str(rec["digest"]), ref_key, fp)
+        if not probe:
+            return _Plan(ref, None, ref_key)
+        pr = oci.probe(kind, path)
+        digest = pr.digest
+        if digest is None and rec is not None and rec.get("fingerprint") == pr.fingerprint:
+            digest = str(rec["digest"])  # a plain dir seen before, unchanged
+        return _Plan(ref, digest, ref_key, pr.fingerprint, pr)
+
+    def _plan_name(self, name: str, *, probe: bool, force_probe: bool) -> _Plan:
+        rec = self._refs.get(name)
+        if rec is None:
+            raise ImageNotFoundError(
+                f"no image {name!r}: it is not 'host', not an imported name (see rollbox "
+                "images ls) and no file or directory by that path exists"
+            )
+        digest = str(rec["digest"])
+        if (digest in self._entries and not force_probe) or not probe:
+            return _Plan(name, digest if digest in self._entries else None)
+        source = rec.get("source")
+        split = oci.split_path_ref(source) if isinstance(source, str) else None
+        if split is None or not os.path.lexists(split[1]):
+            raise ImageNotFoundError(
+                f"image {name!r} was evicted from the store and its source {source!r} no "
+                f"longer exists; import it again (rollbox images import PATH --name {name})"
+            )
+        plan = self._plan(str(source), probe=True, force_probe=force_probe)
+        if plan.digest is not None and plan.digest != digest:
+            raise _source_changed(name, str(source))
+        return _Plan(name, plan.digest, plan.ref_key, plan.fingerprint, plan.probe, (name,),
+                     expect=digest)
+
+    # --- hydration ------------------------------------------------------------------------
+
+    async def _ensure(self, ref: str, *, spare: Collection[str] | None = None) -> _Entry:
+        """The stored entry for ``ref``, hydrating it (once, however many ask) if needed."""
+        plan = self._recheck(await asyncio.to_thread(self._plan, ref, probe=True))
+        if plan.digest is not None and plan.digest in self._entries:
+            entry = self._entries[plan.digest]
+            self._record(plan, entry)
+            return entry
+        if plan.probe is None:  # evicted while we looked: look at its source this time
+            plan = await asyncio.to_thread(self._plan, ref, probe=True, force_probe=True)
+        task = self._inflight.get(plan.key)
+        if task is None:
+            task = asyncio.get_running_loop().create_task(self._hydrate(plan, spare))
+            self._inflight[plan.key] = task
+            task.add_done_callback(functools.partial(self._forget_inflight, plan.key))
+            self._keep(task)
+        entry = await asyncio.shield(task)
+        self._record(plan, entry)
+        return entry
+
+    def _forget_inflight(self, key: str, _task: asyncio.Task[_Entry]) -> None:
+        self._inflight.pop(key, None)
+
+    def _recheck(self, plan: _Plan) -> _Plan:
+        """After the thread hop: a concurrent hydration may have learnt this source's digest."""
+        if plan.digest is None and plan.ref_key is not None:
+            rec = self._refs.get(plan.ref_key)
+            if rec is not None and rec.get("fingerprint") == plan.fingerprint:
+                return _Plan(plan.ref, str(rec["digest"]), plan.ref_key, plan.fingerprint,
+                             plan.probe, plan.names, plan.expect)
+        return plan
+
+    async def _hydrate(self, plan: _Plan, spare: Collection[str] | None) -> _Entry:
+        try:
+            self._delete_later(self._make_room(plan, spare=spare))
+            staging, unpacked, seconds = await asyncio.to_thread(self._unpack_staged, plan)
+            try:
+                if unpacked.digest in self._entries:  # same content reached by another path
+                    await asyncio.to_thread(oci.force_rmtree, staging)
+                    return self._entries[unpacked.digest]
+                self._delete_later(self._make_room(plan, spare=spare, need=unpacked.size_bytes))
+                entry = await asyncio.to_thread(self._install, staging, unpacked)
+                return self._register(plan, entry, seconds)
+            except BaseException:
+                await asyncio.to_thread(oci.force_rmtree, staging)
+                raise
+        finally:
+            self._reserved.pop(plan.key, None)
+
+    def _unpack_staged(self, plan: _Plan) -> tuple[Path, oci.Unpacked, float]:
+        """Thread: unpack into a fresh staging dir and write its meta.json there."""
+        assert plan.probe is not None
+        start = time.monotonic()
+        staging = self._tmp / f"{os.getpid()}-{secrets.token_hex(6)}"
+        staging.mkdir()
+        try:
+            unpacked = oci.unpack(plan.probe, staging / "rootfs", owner_uid=self.owner_uid,
+                                  owner_gid=self.owner_gid)
+            if plan.digest is not None and plan.probe.kind != "dir" and (
+                    unpacked.digest != plan.digest):
+                raise ImageCorruptError(f"{plan.probe.path} changed while it was unpacked")
+            if plan.expect is not None and unpacked.digest != plan.expect:
+                raise _source_changed(plan.ref, str(plan.ref_key))
+            meta = {"digest": unpacked.digest, "size_bytes": unpacked.size_bytes,
+                    "on_host": unpacked.on_host, "env": unpacked.env,
+                    "workdir": unpacked.workdir, "source": plan.ref_key}
+            (staging / "meta.json").write_text(json.dumps(meta, indent=1))
+        except BaseException:
+            oci.force_rmtree(staging)
+            raise
+        return staging, unpacked, time.monotonic() - start
+
+    def _install(self, staging: Path, unpacked: oci.Unpacked) -> _Entry:
+        """Thread: atomically move a staged image into place (or adopt an identical one
+        another process put there meanwhile)."""
+        final = self._images / unpacked.digest.removeprefix("sha256:")
+        try:
+            os.rename(staging, final)
+        except OSError:
+            if not (final / "meta.json").is_file():
+                raise
+            oci.force_rmtree(staging)  # another process stored the same image meanwhile
+        entry = self._load_entry(final)
+        if entry is None:
+            raise ImageCorruptError(f"stored image {final} has no readable meta.json")
+        return entry
+
+    def _register(self, plan: _Plan, entry: _Entry, seconds: float) -> _Entry:
+        self._entries[entry.digest] = entry
+        self.stats.hydrations += 1
+        self.stats.hydration_seconds += seconds
+        self.stats.hydration_samples.append(seconds)
+        log.info("hydrated %s (%s) in %.2fs", plan.ref, _mb(entry.size_bytes), seconds)
+        self._record(plan, entry)
+        return entry
+
+    # --- capacity -------------------------------------------------------------------------
+
+    def _used(self, excluding: str) -> int:
+        reserved = sum(n for k, n in self._reserved.items() if k != excluding)
+        return sum(e.size_bytes for e in self._entries.values()) + reserved
+
+    def _make_room(self, plan: _Plan, *, spare: Collection[str] | None,
+                   need: int | None = None) -> builtins.list[Path]:
+        """Reserve ``need`` bytes for ``plan``, evicting LRU unpinned images as needed.
+
+        ``spare``: images to keep; None means evict hinted images too, as a last resort
+        (latest hinted first). Returns the evicted directories, for deletion."""
+        need = plan.probe.estimate_bytes if need is None and plan.probe else (need or 0)
+        if need > self.capacity_bytes:
+            raise UsageError(
+                f"image {plan.ref!r} needs {_mb(need)}, more than the image store's whole "
+                f"capacity of {_mb(self.capacity_bytes)}; raise ROLLBOX_IMAGE_CAPACITY_GB"
+            )
+        used = self._used(excluding=plan.key)
+        trash: builtins.list[Path] = []
+        if used + need > self.capacity_bytes:
+            keep = set(self._hinted) if spare is None else set(spare)
+            unpinned = [e for e in self._entries.values() if not self._pins[e.digest]]
+            order = sorted((e for e in unpinned if e.digest not in keep),
+                           key=lambda e: e.last_used)
+            if spare is None:  # last resort: hinted ones, wanted latest first
+                rank = {d: i for i, d in enumerate(self._hinted)}
+                order += sorted((e for e in unpinned if e.digest in keep),
+                                key=lambda e: -rank.get(e.digest, 0))
+            if used - sum(e.size_bytes for e in order) + need > self.capacity_bytes:
+                raise self._full_error(plan, need)
+            for entry in order:
+                if used + need <= self.capacity_bytes:
+                    break
+                used -= entry.size_bytes
+                trash.append(self._evict(entry.digest))
+        self._reserved[plan.key] = need
+        return trash
+
+    def _full_error(self, plan: _Plan, need: int) -> ImageStoreFullError:
+        pinned = [e for e in self._entries.values() if self._pins[e.digest]]
+        in_flight = sum(n for k, n in self._reserved.items() if k != plan.key)
+        return ImageStoreFullError(
+            f"image store full: {plan.ref!r} needs {_mb(need)} but of the "
+            f"{_mb(self.capacity_bytes)} capacity {_mb(sum(e.size_bytes for e in pinned))} "
+            f"is pinned by {len(pinned)} image(s) in use and {_mb(in_flight)} is reserved by "
+            "hydrations in flight; retry when sandboxes finish, run fewer distinct images "
+            "at once, or raise ROLLBOX_IMAGE_CAPACITY_GB"
+        )
+
+    def _evict(self, digest: str, *, count: bool = True) -> Path:
+        """Forget ``digest`` and move its directory to trash (the caller deletes it)."""
+        entry = self._entries.pop(digest)
+        target = self._trash / f"{digest.removeprefix('sha256:')}-{secrets.token_hex(4)}"
+        os.rename(self._images / digest.removeprefix("sha256:"), target)
+        if count:
+            self.stats.evictions += 1
+            log.info("evicted %s (%s) to make room", digest[:19], _mb(entry.size_bytes))
+        return target
+
+    def _delete_later(self, paths: builtins.list[Path]) -> None:
+        for path in paths:
+            self._keep(asyncio.get_running_loop().create_task(
+                asyncio.to_thread(oci.force_rmtree, path)))
+
+    # --- hints ----------------------------------------------------------------------------
+
+    async def _run_hint(self, refs: builtins.list[str]) -> None:
+        for ref in refs:
+            if ref == HOST:
+                continue
+            try:
+                entry = await self._ensure(ref, spare=list(self._hinted))
+            except ImageStoreFullError as exc:
+                log.debug("hint stops at %r: %s", ref, exc.message)
+                return  # the rest does not fit without evicting what is wanted sooner
+            except UsageError as exc:
+                log.warning("hinted image %r cannot be stored: %s", ref, exc.message)
+                continue
+            except ImageError as exc:
+                log.warning("prefetch of hinted image %r failed: %s", ref, exc.message)
+                self._hint_errors[ref] = exc
+                continue
+            except Exception as exc:  # a bug, but a hint must never crash the loop
+                log.exception("prefetch of hinted image %r failed", ref)
+                self._hint_errors[ref] = ImageCorruptError(f"prefetch of {ref!r} failed: {exc}")
+                continue
+            self._hinted.append(entry.digest)
+            self._touch(entry)
+
+    # --- bookkeeping ----------------------------------------------------------------------
+
+    def _keep(self, task: asyncio.Task[Any]) -> None:
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    def _image(self, ref: str, entry: _Entry) -> Image:
+        rootfs = self._images / entry.digest.removeprefix("sha256:") / "rootfs"
+        return Image(ref, entry.digest, rootfs, entry.on_host, MappingProxyType(dict(entry.env)),
+                     entry.workdir, entry.size_bytes)
+
+    def _touch(self, entry: _Entry) -> None:
+        entry.last_used = time.time()
+        with contextlib.suppress(OSError):
+            meta = self._images / entry.digest.removeprefix("sha256:") / "meta.json"
+            os.utime(meta, (entry.last_used, entry.last_used))
+
+    def _record(self, plan: _Plan, entry: _Entry) -> None:
+        """Remember which refs lead to ``entry`` (persisted only when something changed)."""
+        changes: dict[str, dict[str, Any] | None] = {}
+        if plan.ref_key is not None and plan.fingerprint is not None:
+            path_rec: dict[str, Any] = {"digest": entry.digest, "fingerprint": plan.fingerprint}
+            if self._refs.get(plan.ref_key) != path_rec:
+                changes[plan.ref_key] = path_rec
+        for name in plan.names:
+            name_rec: dict[str, Any] = {"digest": entry.digest, "source": plan.ref_key}
+            if self._refs.get(name) != name_rec:
+                changes[name] = name_rec
+        if changes:
+            self._write_refs(changes)
+
+    def _read_index(self) -> dict[str, dict[str, Any]]:
+        try:
+            data = json.loads(self._index_path.read_text())
+        except FileNotFoundError:
+            return {}
+        except (OSError, ValueError) as exc:
+            log.warning("image index %s unreadable (%s); starting a new one", self._index_path,
+                        exc)
+            return {}
+        refs = data.get("refs") if isinstance(data, dict) else None
+        return {str(k): v for k, v in (refs or {}).items() if isinstance(v, dict)}
+
+    def _write_refs(self, changes: Mapping[str, dict[str, Any] | None]) -> None:
+        """Merge ``changes`` (None deletes) into the index on disk, atomically."""
+        refs = self._read_index()  # another process may have written since we read
+        for key, rec in changes.items():
+            if rec is None:
+                refs.pop(key, None)
+            else:
+                refs[key] = rec
+        tmp = self._index_path.with_name(f".index.{os.getpid()}.{secrets.token_hex(4)}")
+        with open(tmp, "w") as f:
+            json.dump({"version": 1, "refs": refs}, f, indent=1, sort_keys=True)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, self._index_path)
+        self._refs = refs
+
+    def _load_entry(self, directory: Path) -> _Entry | None:
+        try:
+            meta_path = directory / "meta.json"
+            meta = json.loads(meta_path.read_text())
+            return _Entry(str(meta["digest"]), int(meta["size_bytes"]), bool(meta["on_host"]),
+                          {str(k): str(v) for k, v in meta["env"].items()}, meta["workdir"],
+                          meta.get("source"), meta_path.stat().st_mtime)
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+            log.warning("ignoring unreadable stored image %s: %s", directory, exc)
+            return None
+
+    def _load_entries(self) -> None:
+        for directory in self._images.iterdir():
+            entry = self._load_entry(directory)
+            if entry is not None and entry.digest.removeprefix("sha256:") == directory.name:
+                self._entries[entry.digest] = entry
+
+    def _clean_leftovers(self) -> None:
+        for item in self._tmp.iterdir():
+            pid = item.name.split("-", 1)[0]
+            if pid.isdigit() and _alive(int(pid)):
+                continue
+            with contextlib.suppress(OSError):
+                oci.force_rmtree(item)
+        for item in self._trash.iterdir():
+            with contextlib.suppress(OSError):
+                oci.force_rmtree(item)
+
+
+def _source_changed(name: str, source: str) -> ImageNotFoundError:
+    return ImageNotFoundError(
+        f"image {name!r} was evicted from the store and its source {source} now holds a "
+        f"different image; import it again (rollbox images import PATH --name {name})"
+    )
+
+
+def _alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

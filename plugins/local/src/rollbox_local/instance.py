@@ -1,0 +1,160 @@
+"""One bubblewrap process tree holding a sandbox's namespaces: start, readiness, kill.
+
+bwrap is started by the zygote (a small process forks far faster than the backend's).
+bwrap reports its child's pid, the sandbox's init, on ``--info-fd``; that child has
+finished every mount when it drops its capabilities, right before it blocks on
+``--block-fd``, so we wait until its ``CapEff`` reads zero. Its exit is watched through
+a pidfd: a thousand idle sandboxes cost no thread and no polling.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from rollbox.errors import CreateFailedError
+
+if TYPE_CHECKING:
+    from rollbox_local.zygote import Zygote
+
+READY_POLL_S = 0.0005
+BLOCK_FD, INFO_FD = 3, 4  # where the zygote puts those pipes for bwrap
+
+
+class Instance:
+    def __init__(self, pid1: int, pidfd: int) -> None:
+        self.pid1 = pid1
+        self._pidfd = pidfd
+        loop = asyncio.get_running_loop()
+        self.exited = loop.create_future()
+        loop.add_reader(pidfd, self._on_exit)
+
+    @classmethod
+    async def start(
+        cls,
+        zygote: Zygote,
+        argv: Sequence[str],
+        *,
+        block_fd: int,
+        ids: tuple[int, int] | None,
+        timeout: float,
+        sandbox_id: str,
+        log_path: str,
+    ) -> Instance:
+        loop = asyncio.get_running_loop()
+        info_r, info_w = os.pipe2(os.O_CLOEXEC)
+        try:
+            log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+            try:
+                zygote.spawn_bwrap(argv, block_fd=block_fd, info_fd=info_w, log_fd=log_fd, ids=ids)
+            finally:
+                os.close(log_fd)
+        except OSError as exc:
+            os.close(info_r)
+            raise CreateFailedError(f"cannot start bwrap: {exc}", sandbox_id=sandbox_id) from exc
+        finally:
+            os.close(info_w)
+        pid1, pidfd = 0, -1
+        try:
+            async with asyncio.timeout(timeout):
+                info = await _read_all(loop, info_r)
+                pid1 = int(json.loads(info)["child-pid"]) if info else 0
+                if not pid1:
+                    raise CreateFailedError(_failure(log_path), sandbox_id=sandbox_id)
+                pidfd = os.pidfd_open(pid1)
+                while not _caps_dropped(pid1):
+                    if not os.path.exists(f"/proc/{pid1}"):
+                        raise CreateFailedError(_failure(log_path), sandbox_id=sandbox_id)
+                    await asyncio.sleep(READY_POLL_S)
+        except BaseException as exc:
+            if pidfd >= 0:
+                with contextlib.suppress(OSError):
+                    signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+                os.close(pidfd)
+            if isinstance(exc, TimeoutError):
+                raise CreateFailedError(
+                    f"sandbox {sandbox_id} was not ready within {timeout}s", sandbox_id=sandbox_id
+                ) from None
+            if isinstance(exc, ProcessLookupError):
+                raise CreateFailedError(_failure(log_path), sandbox_id=sandbox_id) from None
+            raise
+        return cls(pid1, pidfd)
+
+    def _on_exit(self) -> None:
+        asyncio.get_running_loop().remove_reader(self._pidfd)
+        if not self.exited.done():
+            self.exited.set_result(None)
+
+    @property
+    def alive(self) -> bool:
+        return not self.exited.done()
+
+    def signal_kill(self) -> None:
+        """SIGKILL the sandbox's init: the kernel then kills everything inside."""
+        if self._pidfd >= 0 and self.alive:
+            with contextlib.suppress(ProcessLookupError):
+                signal.pidfd_send_signal(self._pidfd, signal.SIGKILL)
+
+    async def kill(self) -> None:
+        """Kill and wait until the sandbox's init (and so everything) is gone."""
+        if self._pidfd < 0:
+            return
+        if self.alive:
+            self.signal_kill()
+            await asyncio.shield(self.exited)
+        with contextlib.suppress(OSError, ValueError):
+            asyncio.get_running_loop().remove_reader(self._pidfd)
+        os.close(self._pidfd)
+        self._pidfd = -1
+
+
+def _caps_dropped(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("CapEff:"):
+                    return int(line.split()[1], 16) == 0
+    except OSError:
+        return False
+    return False
+
+
+async def _read_all(loop: asyncio.AbstractEventLoop, fd: int) -> bytes:
+    """Read a pipe to EOF without blocking the loop (bwrap closes info-fd once written)."""
+    os.set_blocking(fd, False)
+    data = bytearray()
+    done = loop.create_future()
+
+    def readable() -> None:
+        try:
+            chunk = os.read(fd, 4096)
+        except BlockingIOError:
+            return
+        data.extend(chunk)
+        if (not chunk or data.rstrip().endswith(b"}")) and not done.done():
+            done.set_result(None)
+
+    loop.add_reader(fd, readable)
+    try:
+        await done
+    finally:
+        loop.remove_reader(fd)
+        os.close(fd)
+    return bytes(data)
+
+
+def _failure(log_path: str) -> str:
+    try:
+        with open(log_path, "rb") as log:
+            err = log.read(4096).decode(errors="replace").strip()
+    except OSError:
+        err = ""
+    hint = ""
+    if any(s in err for s in ("Operation not permitted", "No permissions", "uid map")):
+        hint = " (user namespaces look unavailable: run `rollbox doctor`)"
+    return f"bwrap failed to start the sandbox: {err or 'no output'}{hint}"

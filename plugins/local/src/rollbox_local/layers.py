@@ -1,0 +1,73 @@
+"""Copy-on-write layers on disk: copying one for a snapshot, removing one for good."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import stat
+import sys
+from pathlib import Path
+
+
+def copy_layer(src: Path, dest: Path) -> None:
+    """Copy an overlay upper directory so it can serve as a read-only lower layer.
+
+    Regular files are copied (their data may still change in the live sandbox);
+    whiteouts (0/0 character devices, never modified) are hard-linked, which needs no
+    privilege; directories keep their xattrs (the overlay's opaque markers).
+    """
+    dest.mkdir(parents=True)
+    shutil.copystat(src, dest, follow_symlinks=False)
+    for dirpath, dirnames, filenames in os.walk(src):
+        rel = Path(dirpath).relative_to(src)
+        for name in dirnames:
+            s, d = Path(dirpath, name), dest / rel / name
+            if s.is_symlink():
+                os.symlink(os.readlink(s), d)
+                continue
+            d.mkdir()
+            shutil.copystat(s, d, follow_symlinks=False)
+            _copy_owner(s, d)
+        for name in filenames:
+            s, d = Path(dirpath, name), dest / rel / name
+            st = s.lstat()
+            if stat.S_ISLNK(st.st_mode):
+                os.symlink(os.readlink(s), d)
+            elif stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode):
+                os.link(s, d, follow_symlinks=False)
+                continue
+            elif stat.S_ISREG(st.st_mode):
+                shutil.copy2(s, d, follow_symlinks=False)
+            else:
+                continue  # sockets and fifos do not survive a snapshot
+            _copy_owner(s, d)
+
+
+def _copy_owner(src: Path, dest: Path) -> None:
+    st = src.lstat()
+    with contextlib.suppress(PermissionError):
+        os.lchown(dest, st.st_uid, st.st_gid)
+
+
+def remove_tree(path: Path) -> None:
+    """``rm -rf`` that also gets through the mode-000 dirs overlayfs leaves in work dirs."""
+
+    def fix(func: object, name: str, exc: BaseException) -> None:
+        parent = os.path.dirname(name)
+        with contextlib.suppress(OSError):
+            os.chmod(parent, 0o700)
+        with contextlib.suppress(OSError):
+            os.chmod(name, 0o700)
+        if os.path.isdir(name) and not os.path.islink(name):
+            shutil.rmtree(name, ignore_errors=True)
+        else:
+            with contextlib.suppress(OSError):
+                os.unlink(name)
+
+    if not (path.exists() or path.is_symlink()):
+        return
+    if sys.version_info >= (3, 12):
+        shutil.rmtree(path, onexc=fix)
+    else:
+        shutil.rmtree(path, onerror=lambda f, n, e: fix(f, n, e[1]))

@@ -1,0 +1,40 @@
+"""Where the local backend keeps its state (images, sandboxes, snapshots)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+DEFAULT_SANDBOX_UID = 200_000
+
+
+def default_home() -> Path:
+    """``$ROLLBOX_HOME``; else /var/lib/rollbox for root (the sandbox user must reach
+    it, and root's home is private); else ``$XDG_CACHE_HOME/rollbox`` or ~/.cache/rollbox."""
+    if home := os.environ.get("ROLLBOX_HOME"):
+        return Path(home)
+    if os.geteuid() == 0:
+        return Path("/var/lib/rollbox")
+    cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(cache) / "rollbox"
+
+
+def sandbox_ids() -> tuple[int, int] | None:
+    """Host uid/gid that sandboxes run as when rollbox runs as root; None otherwise
+    (an unprivileged user's sandboxes run as that user, mapped to root inside)."""
+    if os.geteuid() != 0:
+        return None
+    uid = int(os.environ.get("ROLLBOX_SANDBOX_UID", DEFAULT_SANDBOX_UID))
+    return uid, uid
+
+
+def unreachable_by(path: Path, uid: int) -> Path | None:
+    """The first directory on ``path``'s chain that ``uid`` cannot traverse, if any."""
+    for directory in [path, *path.parents][::-1]:
+        try:
+            st = directory.stat()
+        except FileNotFoundError:
+            return None
+        if st.st_uid != uid and not st.st_mode & 0o001:
+            return directory
+    return None

@@ -1,0 +1,387 @@
+"""A local sandbox: a bwrap instance over a copy-on-write layer, commands via the zygote.
+
+Reset drops the writable layer: the instance is killed (the kernel kills every process
+in its pid namespace), a new one starts over a fresh, empty upper directory, and the old
+layer is deleted in the background. The image below is never touched.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import errno
+import itertools
+import os
+import resource
+import signal
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from rollbox.errors import (
+    CommandNotFoundError,
+    ExecTimeoutError,
+    PathOutsideSandboxError,
+    ResetFailedError,
+    RollboxError,
+    SandboxError,
+    SandboxFileNotFoundError,
+    SandboxLostError,
+)
+from rollbox.sandbox import (
+    ExecRequest,
+    ExecResult,
+    OutputChunk,
+    Process,
+    Sandbox,
+    Snapshot,
+    resolve_path,
+)
+from rollbox.spec import MiB, SandboxSpec
+
+from rollbox_local.execution import Execution
+from rollbox_local.generation import Generation, boot_generation
+from rollbox_local.layers import remove_tree
+from rollbox_local.pathsafe import acting_as, make_parents, open_in_root
+
+if TYPE_CHECKING:
+    from rollbox_local.backend import LocalBackend
+    from rollbox_local.images import Image
+
+KILL_GRACE_S = 2.0
+
+
+class LocalSandbox(Sandbox):
+    def __init__(
+        self,
+        backend: LocalBackend,
+        sandbox_id: str,
+        spec: SandboxSpec,
+        image: Image,
+        directory: Path,
+        lowers: tuple[Path, ...],
+    ) -> None:
+        super().__init__(sandbox_id, spec)
+        self.base_env = dict(image.env)
+        self.backend = backend
+        self.image = image
+        self.directory = directory
+        self.lowers = lowers
+        self.rlimits = _rlimits(spec)
+        self._current: Generation | None = None
+        self._standby: asyncio.Task[Generation] | None = None
+        self._numbers = itertools.count()
+        self._request_ids = itertools.count(1)
+        self._closed = False
+
+    # -- lifecycle -----------------------------------------------------------------------
+
+    async def boot(self) -> None:
+        self._current = await boot_generation(self, next(self._numbers))
+
+    def _live(self) -> Generation:
+        if self._closed:
+            raise SandboxLostError(f"sandbox {self.id} is closed", sandbox_id=self.id)
+        current = self._current
+        if current is None or not current.alive:
+            raise SandboxLostError(
+                f"sandbox {self.id} died (its init process is gone); acquire a new one",
+                sandbox_id=self.id,
+            )
+        return current
+
+    def _prepare_standby(self) -> None:
+        """In use: boot the next generation meanwhile, so that reset is a swap.
+
+        Called after a command's result is in, to stay off that command's latency."""
+        if self._standby is None and not self._closed:
+            self._standby = asyncio.ensure_future(boot_generation(self, next(self._numbers)))
+
+    async def ping(self) -> bool:
+        return not self._closed and self._current is not None and self._current.alive
+
+    async def reset(self) -> None:
+        if self._closed:
+            raise ResetFailedError(f"sandbox {self.id} is closed", sandbox_id=self.id)
+        old, standby = self._current, self._standby
+        self._current, self._standby = None, None
+        if old is not None:
+            old.signal_kill()  # dead at once; its teardown is waited for off the hot path
+            self.backend.discard(old)
+        try:
+            if standby is not None:
+                try:
+                    fresh = await standby
+                except SandboxError:
+                    fresh = await boot_generation(self, next(self._numbers))
+            else:
+                fresh = await boot_generation(self, next(self._numbers))
+        except SandboxError as exc:
+            raise ResetFailedError(f"sandbox {self.id} did not come back: {exc.message}",
+                                   sandbox_id=self.id) from exc
+        if not fresh.alive:
+            await fresh.stop()
+            raise ResetFailedError(f"sandbox {self.id}'s fresh generation died at once",
+                                   sandbox_id=self.id)
+        self._current = fresh
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        generations = [self._current] if self._current is not None else []
+        if self._standby is not None:
+            self._standby.cancel()
+            try:
+                generations.append(await self._standby)
+            except (asyncio.CancelledError, SandboxError):
+                pass
+        self._current = self._standby = None
+        for generation in generations:
+            await generation.stop()
+        await asyncio.to_thread(remove_tree, self.directory)
+        self.backend.forget(self)
+
+    # -- commands ------------------------------------------------------------------------
+
+    def _launch(self, request: ExecRequest, *,
+                on_chunk: Callable[[str, bytes], None] | None = None) -> Execution:
+        agent = self._live().agent
+        stdin_r, stdin_w = os.pipe2(os.O_CLOEXEC)
+        out_r, out_w = os.pipe2(os.O_CLOEXEC)
+        err_r, err_w = os.pipe2(os.O_CLOEXEC)
+        st_r, st_w = os.pipe2(os.O_CLOEXEC)
+        rid = next(self._request_ids)
+        try:
+            agent.send(
+                {"op": "exec", "id": rid, "argv": list(request.argv), "env": dict(request.env),
+                 "cwd": request.cwd},
+                [stdin_r, out_w, err_w, st_w],
+            )
+        except OSError as exc:
+            for fd in (stdin_w, out_r, err_r, st_r):
+                os.close(fd)
+            raise SandboxLostError(f"sandbox {self.id} stopped answering: {exc}",
+                                   sandbox_id=self.id) from exc
+        finally:
+            for fd in (stdin_r, out_w, err_w, st_w):
+                os.close(fd)
+        return Execution(
+            request_id=rid, stdout=out_r, stderr=err_r, status=st_r, stdin=stdin_w,
+            stdin_data=request.stdin, limit=request.output_limit, on_chunk=on_chunk,
+        )
+
+    def _tell(self, message: dict[str, int | str]) -> bool:
+        if self._current is None:
+            return False
+        try:
+            self._current.agent.send(message)
+        except OSError:
+            return False
+        return True
+
+    async def run(self, request: ExecRequest) -> ExecResult:
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        ex = self._launch(request)
+        try:
+            await self._await_end(ex, request)
+            ex.drain()
+        finally:
+            ex.close()
+            self._prepare_standby()
+        out, err = ex.captures["stdout"], ex.captures["stderr"]
+        return ExecResult(
+            exit_code=await self._exit_code(ex, request),
+            stdout=bytes(out.data),
+            stderr=bytes(err.data),
+            duration_s=loop.time() - started,
+            stdout_truncated=out.truncated,
+            stderr_truncated=err.truncated,
+        )
+
+    async def _await_end(self, ex: Execution, request: ExecRequest) -> None:
+        try:
+            async with asyncio.timeout(request.timeout_s):
+                await asyncio.shield(ex.ended)
+            return
+        except TimeoutError:
+            pass
+        except asyncio.CancelledError:
+            await self._kill(ex)
+            raise
+        await self._kill(ex)
+        ex.drain()
+        raise ExecTimeoutError(
+            f"command {request.argv[-1][:80]!r} overran its {request.timeout_s}s timeout; it and "
+            "every process it started were killed",
+            sandbox_id=self.id, timeout_s=request.timeout_s,
+            stdout=bytes(ex.captures["stdout"].data), stderr=bytes(ex.captures["stderr"].data),
+        )
+
+    async def _kill(self, ex: Execution) -> None:
+        """Kill the command's whole tree; if the agent does not manage, the sandbox goes."""
+        if self._tell({"op": "kill", "id": ex.request_id}):
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(ex.ended), KILL_GRACE_S)
+            if ex.status.killed or ex.status.exit_code is not None:
+                return
+        if self._current is not None:  # could not kill the tree: drop the whole sandbox
+            await self._current.instance.kill()
+
+    async def _exit_code(self, ex: Execution, request: ExecRequest) -> int:
+        st = ex.status
+        if st.error is not None:
+            code, message = st.error
+            if code in (errno.ENOENT, errno.ENOTDIR) and "working directory" not in message:
+                raise CommandNotFoundError(
+                    f"{message} (no such program in image {self.spec.image!r})",
+                    sandbox_id=self.id,
+                )
+            return 126
+        if st.exit_code is not None:
+            return st.exit_code
+        current = self._current
+        if current is not None:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(current.instance.exited), 0.5)
+        if current is None or not current.alive:
+            raise SandboxLostError(
+                f"sandbox {self.id} died while running {request.argv[-1][:80]!r}; retry on a "
+                "fresh sandbox", sandbox_id=self.id,
+            )
+        return -signal.SIGKILL  # the agent was killed from inside the sandbox
+
+    async def start(self, request: ExecRequest) -> Process:
+        process = LocalProcess(self, request)
+        self._prepare_standby()
+        return process
+
+    # -- files ---------------------------------------------------------------------------
+
+    def _root_fd(self) -> int:
+        path = f"/proc/{self._live().instance.pid1}/root"
+        return os.open(path, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+
+    async def read_file(self, path: str) -> bytes:
+        target = resolve_path(path, self.spec.workdir)
+        return await asyncio.to_thread(self._read, target)
+
+    def _read(self, target: str) -> bytes:
+        root = self._root_fd()
+        try:
+            fd = open_in_root(root, target, os.O_RDONLY)
+        except OSError as exc:
+            raise self._file_error(exc, target) from exc
+        finally:
+            os.close(root)
+        with os.fdopen(fd, "rb") as f:
+            try:
+                return f.read()
+            except IsADirectoryError as exc:
+                raise self._file_error(exc, target) from exc
+
+    async def write_file(self, path: str, data: bytes, *, mode: int = 0o644) -> None:
+        target = resolve_path(path, self.spec.workdir)
+        await asyncio.to_thread(self._write, target, bytes(data), mode)
+
+    def _write(self, target: str, data: bytes, mode: int) -> None:
+        ids = self.backend.ids
+        with acting_as(ids):
+            self._write_as_sandbox_user(target, data, mode, ids)
+
+    def _write_as_sandbox_user(self, target: str, data: bytes, mode: int,
+                               ids: tuple[int, int] | None) -> None:
+        root = self._root_fd()
+        try:
+            make_parents(root, target, uid=ids[0] if ids else None, gid=ids[1] if ids else None)
+            fd = open_in_root(root, target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode & 0o7777)
+        except OSError as exc:
+            raise self._file_error(exc, target) from exc
+        finally:
+            os.close(root)
+        with os.fdopen(fd, "wb") as f:
+            if ids is not None:
+                os.fchown(f.fileno(), *ids)
+            os.fchmod(f.fileno(), mode & 0o7777)
+            f.write(data)
+
+    def _file_error(self, exc: OSError, target: str) -> RollboxError:
+        if exc.errno == errno.ENOENT:
+            return SandboxFileNotFoundError(f"no such file in sandbox {self.id}: {target}",
+                                            sandbox_id=self.id)
+        if exc.errno in (errno.EXDEV, errno.ELOOP):
+            return PathOutsideSandboxError(f"{target} leads outside sandbox {self.id}")
+        return SandboxError(f"{target} in sandbox {self.id}: {exc.strerror}", sandbox_id=self.id)
+
+    # -- snapshots -----------------------------------------------------------------------
+
+    async def snapshot(self) -> Snapshot:
+        return await self.backend.snapshot_of(self, self._live().upper)
+
+
+class LocalProcess(Process):
+    """A streaming command: chunks as they arrive, stdin, signals."""
+
+    def __init__(self, sandbox: LocalSandbox, request: ExecRequest) -> None:
+        self._sandbox = sandbox
+        self._request = request
+        self._queue: asyncio.Queue[OutputChunk | None] = asyncio.Queue()
+        self._ex = sandbox._launch(request, on_chunk=self._chunk)
+        self._ex.streams_closed.add_done_callback(lambda _: self._queue.put_nowait(None))
+        self._ex.ended.add_done_callback(self._on_end)
+        self._budget = {"stdout": request.output_limit, "stderr": request.output_limit}
+        self.truncated = False
+        self._code: int | None = None
+
+    def _chunk(self, stream: str, data: bytes) -> None:
+        room = self._budget[stream]
+        if len(data) > room:
+            self.truncated = True
+            data = data[:room]
+        self._budget[stream] = room - len(data)
+        if data:
+            self._queue.put_nowait(OutputChunk(stream, data))  # type: ignore[arg-type]
+
+    def _on_end(self, _: object) -> None:
+        # Background processes may keep the pipes open: stop streaming shortly after.
+        asyncio.get_running_loop().call_later(0.05, self._ex.close)
+
+    async def _iterate(self) -> AsyncIterator[OutputChunk]:
+        while (chunk := await self._queue.get()) is not None:
+            yield chunk
+
+    def __aiter__(self) -> AsyncIterator[OutputChunk]:
+        return self._iterate()
+
+    async def write_stdin(self, data: bytes) -> None:
+        self._ex.feed_stdin(data)
+
+    async def close_stdin(self) -> None:
+        self._ex.close_stdin()
+
+    async def send_signal(self, signum: int) -> None:
+        self._sandbox._tell({"op": "signal", "id": self._ex.request_id, "sig": int(signum)})
+
+    async def wait(self) -> int:
+        if self._code is None:
+            try:
+                await self._sandbox._await_end(self._ex, self._request)
+            finally:
+                self._ex.drain()
+            self._code = await self._sandbox._exit_code(self._ex, self._request)
+        return self._code
+
+
+def _rlimits(spec: SandboxSpec) -> list[tuple[int, int, int]]:
+    r = spec.resources
+    limits = [
+        (resource.RLIMIT_NPROC, r.pids, r.pids),
+        (resource.RLIMIT_AS, r.memory_mb * MiB, r.memory_mb * MiB),
+        (resource.RLIMIT_FSIZE, r.file_size_mb * MiB, r.file_size_mb * MiB),
+        (resource.RLIMIT_NOFILE, 4096, 4096),
+        (resource.RLIMIT_CORE, 0, 0),
+    ]
+    if r.cpu_seconds is not None:
+        limits.append((resource.RLIMIT_CPU, r.cpu_seconds, r.cpu_seconds))
+    return limits

@@ -1,0 +1,115 @@
+"""The backend's side of the zygote and of each sandbox's agent (see ``_agent.py``)."""
+
+from __future__ import annotations
+
+import array
+import asyncio
+import json
+import socket
+import subprocess
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from rollbox.errors import BackendUnavailableError, CreateFailedError
+
+AGENT_SCRIPT = Path(__file__).with_name("_agent.py")
+
+
+def _ancillary(fds: Sequence[int]) -> list[tuple[int, int, bytes]]:
+    return [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds).tobytes())]
+
+
+class AgentChannel:
+    """The backend's end of one sandbox agent's socket."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+
+    def send(self, message: dict[str, Any], fds: Sequence[int] = ()) -> None:
+        """Queue a request (never blocks for long: requests are tiny)."""
+        self.sock.sendmsg([json.dumps(message).encode()], _ancillary(fds) if fds else [])
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+class Zygote:
+    """One zygote process per backend; restarted transparently if it dies."""
+
+    def __init__(self) -> None:
+        self._sock: socket.socket | None = None
+        self._proc: subprocess.Popen[bytes] | None = None
+
+    def _start(self) -> socket.socket:
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            self._proc = subprocess.Popen(
+                [sys.executable, "-I", "-S", str(AGENT_SCRIPT), str(theirs.fileno())],
+                pass_fds=[theirs.fileno()],
+                stdin=subprocess.DEVNULL,
+                env={},  # sandboxes can read /proc/<agent>/environ: it must hold nothing
+            )
+        except OSError as exc:
+            ours.close()
+            raise BackendUnavailableError(f"cannot start the rollbox zygote: {exc}") from exc
+        finally:
+            theirs.close()
+        self._sock = ours
+        return ours
+
+    def _send(self, header: bytes, fds: Sequence[int]) -> None:
+        for attempt in (1, 2):
+            sock = self._sock or self._start()
+            try:
+                sock.sendmsg([header], _ancillary(fds))
+                return
+            except OSError:
+                self.close()
+                if attempt == 2:
+                    raise
+
+    def spawn_bwrap(self, argv: Sequence[str], *, block_fd: int, info_fd: int, log_fd: int,
+                    ids: tuple[int, int] | None) -> None:
+        """Start bwrap; inside its argv the block pipe is fd 3 and the info pipe fd 4."""
+        message = {"op": "spawn", "argv": list(argv),
+                   "uid": ids[0] if ids else None, "gid": ids[1] if ids else None}
+        self._send(json.dumps(message).encode(), [block_fd, info_fd, log_fd])
+
+    async def boot_agent(
+        self, *, pid1: int, rlimits: Sequence[tuple[int, int, int]], sandbox_id: str,
+        timeout: float,
+    ) -> AgentChannel:
+        """Start the agent inside the sandbox whose init is ``pid1``; wait until it serves."""
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        header = json.dumps(
+            {"op": "boot", "pid1": pid1, "rlimits": [list(r) for r in rlimits]}
+        ).encode()
+        try:
+            self._send(header, [theirs.fileno()])
+        finally:
+            theirs.close()
+        ours.setblocking(False)
+        try:
+            async with asyncio.timeout(timeout):
+                reply = await asyncio.get_running_loop().sock_recv(ours, 4096)
+        except (TimeoutError, OSError) as exc:
+            ours.close()
+            raise CreateFailedError(f"the agent of sandbox {sandbox_id} did not start: {exc!r}",
+                                    sandbox_id=sandbox_id) from None
+        if reply != b"R":
+            ours.close()
+            why = reply[2:].decode(errors="replace") if reply else "it exited"
+            raise CreateFailedError(f"the agent of sandbox {sandbox_id} failed: {why}",
+                                    sandbox_id=sandbox_id)
+        return AgentChannel(ours)
+
+    def close(self) -> None:
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None
+        if self._proc is not None:
+            self._proc.kill()
+            self._proc.wait()
+            self._proc = None
