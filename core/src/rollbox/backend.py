@@ -73,6 +73,12 @@ class Backend(ABC):
         """Checks that this backend can run on this machine (``rollbox doctor``)."""
         return []
 
+    def __deepcopy__(self, memo: dict[int, object]) -> Backend:
+        """A backend is a live resource (its sandboxes, processes, connections): a deep
+        copy shares it. ``gymnasium.make`` deep-copies its keyword arguments, a backend
+        among them, and a copied backend would lose track of its sandboxes."""
+        return self
+
     async def __aenter__(self) -> Backend:
         return self
 

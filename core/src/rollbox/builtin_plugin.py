@@ -1,5 +1,5 @@
-"""What core registers through its own hook spec: the fake backend, the basic pool
-policies and the backend-agnostic CLI commands."""
+"""What core registers through its own hook spec: the fake backend, the pool policies,
+the synthetic task source and the backend-agnostic CLI commands."""
 
 from __future__ import annotations
 
@@ -8,7 +8,9 @@ from collections.abc import Callable
 from rollbox.backend import Backend
 from rollbox.cli_commands import Command
 from rollbox.hookspecs import hookimpl
+from rollbox.policies import LookaheadPolicy
 from rollbox.pool import NoPoolPolicy, StaticPoolPolicy
+from rollbox.synthetic import SyntheticSource
 from rollbox.testing.fake import FakeBackend
 
 
@@ -21,6 +23,12 @@ def rollbox_register_backends(register: Callable[[str, type[Backend]], None]) ->
 def rollbox_register_pool_policies(register: Callable[[str, type[object]], None]) -> None:
     register(NoPoolPolicy.name, NoPoolPolicy)
     register(StaticPoolPolicy.name, StaticPoolPolicy)
+    register(LookaheadPolicy.name, LookaheadPolicy)
+
+
+@hookimpl
+def rollbox_register_tasks(register: Callable[[str, object], None]) -> None:
+    register(SyntheticSource.name, SyntheticSource)
 
 
 @hookimpl
@@ -30,3 +38,7 @@ def rollbox_register_commands(register: Callable[[Command], None]) -> None:
     register(Command("run", "Run a command in a fresh sandbox.", cli.configure_run, cli.run))
     register(Command("doctor", "Check that a backend can run here.", cli.configure_doctor,
                      cli.doctor))
+    from rollbox import bench_cli
+
+    register(Command("bench", "Compare baseline and rollbox on a burst of rollouts.",
+                     bench_cli.configure, bench_cli.run))

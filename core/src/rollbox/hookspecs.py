@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from rollbox.backend import Backend
     from rollbox.cli_commands import Command
     from rollbox.errors import SandboxError
+    from rollbox.results import RolloutResult
     from rollbox.spec import SandboxSpec
 
 PROJECT = "rollbox"
@@ -81,4 +82,14 @@ def rollbox_sandbox_failed(error: SandboxError, spec: SandboxSpec) -> None:
 
     Called once per counted failure, before the pool recovers from it.
     Returns nothing.
+    """
+
+
+@hookspec
+def rollbox_rollout_finished(result: RolloutResult) -> None:
+    """Observe a rollout that ended, successfully or not (after all its retries).
+
+    Called by the runner once per rollout, when it is given a plugin manager, including
+    rollouts marked ``cancelled`` when a run is interrupted. ``result.failure`` is None
+    on success. Returns nothing.
     """

@@ -113,6 +113,8 @@ class _SpecState:
     def __init__(self) -> None:
         self.idle: deque[Sandbox] = deque()
         self.creating = 0
+        self.filling = 0  # of ``creating``: warm creates by the filler
+        self.expecting = 0  # acquirers waiting for one of those instead of creating
         self.filler: asyncio.Task[None] | None = None
 
 
@@ -143,6 +145,7 @@ class Pool:
         self._lru: OrderedDict[Sandbox, SandboxSpec] = OrderedDict()  # idle, oldest first
         self._leased: set[Sandbox] = set()
         self._room = asyncio.Condition()
+        self._closing: set[asyncio.Task[None]] = set()
         self._closed = False
 
     # -- public API ------------------------------------------------------------------
@@ -268,6 +271,16 @@ class Pool:
                     self.metrics.count("reuses")
                     return sandbox
                 await self._quarantine(sandbox, spec, "failed its health check before hand-out")
+            if state.filling > state.expecting:
+                # A warm sandbox of this spec is on its way: wait for it rather than
+                # create a duplicate (the filler notifies when it parks or fails).
+                state.expecting += 1
+                try:
+                    async with self._room:
+                        await self._room.wait()
+                finally:
+                    state.expecting -= 1
+                continue
             if await self._make_room():
                 return await self._create(spec, counted=True)
             async with self._room:
@@ -324,7 +337,9 @@ class Pool:
 
     def _park(self, sandbox: Sandbox, spec: SandboxSpec) -> None:
         if self._closed:
-            asyncio.ensure_future(self._close(sandbox))
+            task = asyncio.ensure_future(self._close(sandbox))
+            self._closing.add(task)
+            task.add_done_callback(self._closing.discard)
             return
         self._state(spec).idle.append(sandbox)
         self._lru[sandbox] = spec
@@ -365,14 +380,21 @@ class Pool:
         ):
             if self.max_sandboxes is not None and self.live >= self.max_sandboxes:
                 return
+            state.filling += 1
             try:
                 sandbox = await self._create(spec)
             except (SandboxError, PoolClosedError):
+                state.filling -= 1
+                await self._notify_room()
                 failures += 1
                 if failures >= 3:
                     return
                 await asyncio.sleep(0.1 * 2**failures)
                 continue
+            except BaseException:
+                state.filling -= 1
+                raise
+            state.filling -= 1
             self._park(sandbox, spec)
             await self._notify_room()
 

@@ -9,6 +9,7 @@ always set.
 
 from __future__ import annotations
 
+import asyncio
 import posixpath
 import shlex
 from abc import ABC, abstractmethod
@@ -154,11 +155,13 @@ class Sandbox(ABC):
     async def upload(self, local: str | Path, remote: str) -> None:
         """Copy a local file into the sandbox (backends may add directory support)."""
         src = Path(local)
-        await self.write_file(remote, src.read_bytes(), mode=src.stat().st_mode & 0o777)
+        data, mode = await asyncio.to_thread(lambda: (src.read_bytes(), src.stat().st_mode))
+        await self.write_file(remote, data, mode=mode & 0o777)
 
     async def download(self, remote: str, local: str | Path) -> None:
         """Copy a file out of the sandbox."""
-        Path(local).write_bytes(await self.read_file(remote))
+        data = await self.read_file(remote)
+        await asyncio.to_thread(Path(local).write_bytes, data)
 
     @abstractmethod
     async def reset(self) -> None:

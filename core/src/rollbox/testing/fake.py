@@ -48,6 +48,7 @@ class FakeSandbox(Sandbox):
         self.lost = False
         self.closed = False
         self.exec_count = 0
+        self._gone = asyncio.Event()  # set when killed or closed: running commands end
 
     def _check(self) -> None:
         if self.closed:
@@ -64,7 +65,7 @@ class FakeSandbox(Sandbox):
             async with asyncio.timeout(request.timeout_s):
                 if self.backend.exec_delay:
                     await asyncio.sleep(self.backend.exec_delay)
-                result = await self.backend.handler(self, request)
+                result = await self._unless_gone(self.backend.handler(self, request))
         except TimeoutError:
             raise ExecTimeoutError(
                 f"command {shlex.join(request.argv)!r} overran {request.timeout_s}s",
@@ -80,6 +81,20 @@ class FakeSandbox(Sandbox):
             stdout_truncated=len(result.stdout) > cap,
             stderr_truncated=len(result.stderr) > cap,
         )
+
+    async def _unless_gone(self, work: Awaitable[ExecResult]) -> ExecResult:
+        """Run ``work``; a kill or close meanwhile ends it with SandboxLostError."""
+        task = asyncio.ensure_future(work)
+        gone = asyncio.ensure_future(self._gone.wait())
+        try:
+            await asyncio.wait({task, gone}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            gone.cancel()
+            if not task.done():
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+        self._check()
+        return task.result()
 
     async def start(self, request: ExecRequest) -> Process:
         self._check()
@@ -116,6 +131,7 @@ class FakeSandbox(Sandbox):
     async def close(self) -> None:
         if not self.closed:
             self.closed = True
+            self._gone.set()
             self.backend.live.pop(self.id, None)
 
 
@@ -199,6 +215,7 @@ class FakeBackend(Backend):
     name = "fake"
     capabilities: ClassVar[Capabilities] = Capabilities(
         reset_in_place=True, snapshot=True, fork=True, streaming=True, signals=True,
+        shell=False,
     )
 
     def __init__(
@@ -256,9 +273,15 @@ class FakeBackend(Backend):
         self.prefetched.append(image)
 
     def kill(self, sandbox_id: str) -> None:
-        """Simulate a sandbox dying: its next operation raises SandboxLostError."""
-        self.live[sandbox_id].lost = True
+        """Simulate a sandbox dying: running commands and the next operation raise
+        SandboxLostError."""
+        sandbox = self.live[sandbox_id]
+        sandbox.lost = True
+        sandbox._gone.set()
 
     async def aclose(self) -> None:
         for sandbox in list(self.live.values()):
             await sandbox.close()
+
+    async def leftovers(self) -> list[str]:
+        return [f"sandbox {sandbox_id} is still open" for sandbox_id in self.live]

@@ -6,14 +6,17 @@ millisecond.
 
 The **zygote** (one per backend) waits on socket FD for requests. A "spawn" request
 starts bubblewrap itself (as the sandbox user, so the backend's own, larger process
-never forks). A "boot" request carries a sandbox's init pid and one end of a
-socketpair; for each::
+never forks); bwrap builds the user, mount, net, ipc and uts namespaces and the
+filesystem, then its child, the holder, blocks forever keeping them open. A "boot"
+request carries the holder's pid and one end of a socketpair; for each::
 
-    zygote ─fork─► C1: joins the sandbox's user, mount, net, ipc, uts and pid namespaces
-                       and its root directory, forks, exits
-                   └─► agent (pid 2 or so inside the sandbox): a child subreaper running as
-                       the sandbox's root with every capability dropped (bounding set too),
-                       no_new_privs and the sandbox's rlimits. It serves the socketpair.
+    zygote ─fork─► C1: joins the sandbox's user, mount, net, ipc and uts namespaces and
+                       its root directory, creates a pid namespace, forks, exits
+                   └─► agent: pid 1 of that pid namespace, so it reaps every orphan and
+                       no signal from inside can kill it; mounts its /proc; runs as the
+                       sandbox's root with every capability dropped (bounding set too),
+                       no_new_privs, not dumpable, a seccomp filter and the sandbox's
+                       rlimits. It serves the socketpair.
 
 No file of the agent exists inside the sandbox: it is a fork of a host process, so any
 image works, with or without Python. It holds nothing the sandbox may not have: its
@@ -33,7 +36,8 @@ and writes to each command's status pipe::
 
 A tree is the command's session, its descendants, and the orphans the agent adopted
 while the command ran that belong to no other running command (daemons double-fork and
-call setsid, so ancestry alone cannot find them).
+call setsid, so ancestry alone cannot find them). Killing the agent kills everything in
+its pid namespace: that is how the backend ends a sandbox's processes.
 """
 
 from __future__ import annotations
@@ -50,18 +54,23 @@ import signal
 import socket
 import struct
 import sys
+from typing import Any
 
 NS_GET_USERNS = 0xB701
 CLONE_NEWNS, CLONE_NEWUSER, CLONE_NEWPID = 0x00020000, 0x10000000, 0x20000000
 CLONE_NEWNET, CLONE_NEWIPC, CLONE_NEWUTS = 0x40000000, 0x08000000, 0x04000000
 PR_SET_CHILD_SUBREAPER, PR_SET_NO_NEW_PRIVS, PR_CAPBSET_DROP = 36, 38, 24
 PR_SET_SECUREBITS, PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL = 28, 47, 4
+PR_SET_DUMPABLE = 4
+MS_NOSUID, MS_NODEV, MS_NOEXEC = 2, 4, 8
 SECBIT_NOROOT_ALL = 0x3F  # noroot, no_setuid_fixup, keep_caps: each with its lock
 CAPABILITY_VERSION_3 = 0x20080522
 MAX_FDS = 8
 
 libc = ctypes.CDLL(None, use_errno=True)
-_setns, _prctl, _capset = libc.setns, libc.prctl, libc.capset  # resolved before forking
+# resolved before forking, so children do not each look them up
+_setns, _unshare, _prctl, _capset, _mount = (
+    libc.setns, libc.unshare, libc.prctl, libc.capset, libc.mount)
 CAP_LAST = int(open("/proc/sys/kernel/cap_last_cap").read())
 DEFAULT_SIGNALS = [s for s in signal.valid_signals() if s not in (signal.SIGKILL, signal.SIGSTOP)]
 
@@ -126,7 +135,7 @@ def zygote(sock: socket.socket) -> None:
             os.close(fd)
 
 
-def _spawn_bwrap(req: dict, fds: list[int]) -> None:
+def _spawn_bwrap(req: dict[str, Any], fds: list[int]) -> None:
     """Exec bubblewrap as the sandbox user with its pipes at fixed numbers.
 
     fds: block pipe, info pipe, log file → 3, 4, 2 (the argv names 3 and 4)."""
@@ -152,14 +161,13 @@ def _spawn_bwrap(req: dict, fds: list[int]) -> None:
     os._exit(127)
 
 
-def _enter(req: dict, channel: int) -> None:
-    """C1: join the sandbox, fork the agent, leave."""
-    base = f"/proc/{req['pid1']}"
+def _enter(req: dict[str, Any], channel: int) -> None:
+    """C1: join the sandbox, create its pid namespace, fork the agent as its init."""
+    base = f"/proc/{req['holder']}"
     mnt = os.open(f"{base}/ns/mnt", os.O_RDONLY | os.O_CLOEXEC)
     others = [
         (os.open(f"{base}/ns/{name}", os.O_RDONLY | os.O_CLOEXEC), flag, name)
-        for name, flag in (("net", CLONE_NEWNET), ("ipc", CLONE_NEWIPC),
-                           ("uts", CLONE_NEWUTS), ("pid", CLONE_NEWPID))
+        for name, flag in (("net", CLONE_NEWNET), ("ipc", CLONE_NEWIPC), ("uts", CLONE_NEWUTS))
     ]
     root = os.open(f"{base}/root", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     userns = fcntl.ioctl(mnt, NS_GET_USERNS)
@@ -171,15 +179,18 @@ def _enter(req: dict, channel: int) -> None:
     os.chroot(".")
     for fd in [mnt, root, userns, *(fd for fd, _, _ in others)]:
         os.close(fd)
-    if os.fork() == 0:
+    _check(_unshare(CLONE_NEWPID), "unshare pid")
+    agent = os.fork()
+    if agent == 0:
         _become_agent(req, channel)
+    os.write(channel, f"P {agent}".encode())  # its host pid: the backend watches and kills it
     os._exit(0)
 
 
 # Syscalls no sandboxed program needs and kernel exploits love: keyrings, mounting, new
 # namespaces, modules, kexec, bpf, perf, userfaultfd, io_uring, file handles, clocks.
 # (x86_64, aarch64) numbers; anything else of another architecture is refused outright.
-DENIED_SYSCALLS = {
+DENIED_SYSCALLS: dict[str, tuple[int, int | None]] = {
     "keyctl": (250, 219), "add_key": (248, 217), "request_key": (249, 218),
     "mount": (165, 40), "umount2": (166, 39), "pivot_root": (155, 41),
     "swapon": (167, 224), "swapoff": (168, 225), "reboot": (169, 142),
@@ -203,13 +214,19 @@ SECCOMP_RET_ALLOW, SECCOMP_RET_ERRNO = 0x7FFF0000, 0x00050000
 PR_SET_SECCOMP, SECCOMP_MODE_FILTER = 22, 2
 
 
+def _mount_proc() -> None:
+    """A procfs of the new pid namespace over bwrap's: the sandbox sees only itself."""
+    flags = MS_NOSUID | MS_NODEV | MS_NOEXEC
+    _check(_mount(b"proc", b"/proc", b"proc", flags, None), "mount /proc")
+
+
 def _seccomp_filter() -> bytes | None:
     """A classic-BPF program denying DENIED_SYSCALLS with EPERM (None: unknown arch)."""
     machine = os.uname().machine
     if machine not in AUDIT_ARCH:
         return None
     arch, column = AUDIT_ARCH[machine]
-    numbers = sorted({n[column] for n in DENIED_SYSCALLS.values() if n[column] is not None})
+    numbers = sorted({nr for pair in DENIED_SYSCALLS.values() if (nr := pair[column]) is not None})
     ld, jeq, jge, ret = 0x20, 0x15, 0x35, 0x06
     deny = SECCOMP_RET_ERRNO | errno.EPERM
     prog = [(ld, 0, 0, 4), (jeq, 1, 0, arch), (ret, 0, 0, deny), (ld, 0, 0, 0)]
@@ -235,7 +252,11 @@ def _install_seccomp() -> None:
     _check(_prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.byref(fprog), 0, 0), "seccomp")
 
 
-def _become_agent(req: dict, channel: int) -> None:
+def _become_agent(req: dict[str, Any], channel: int) -> None:
+    """Pid 1 of the sandbox's pid namespace: signals from inside cannot kill it, and it
+    is not dumpable, so nothing inside can ptrace it either."""
+    _mount_proc()
+    _prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
     os.setsid()
     os.setresgid(0, 0, 0)
     os.setresuid(0, 0, 0)
@@ -264,7 +285,7 @@ def _become_agent(req: dict, channel: int) -> None:
 
 
 class Command:
-    __slots__ = ("pid", "status", "started", "done")
+    __slots__ = ("done", "pid", "started", "status")
 
     def __init__(self, pid: int, status: int, started: int) -> None:
         self.pid, self.status, self.started, self.done = pid, status, started, False
@@ -281,7 +302,7 @@ class Agent:
         signal.signal(signal.SIGCHLD, lambda *_: None)
 
     def serve(self) -> None:
-        self.sock.sendall(b"R")  # ready
+        self.sock.send(b"R")  # ready
         poller = select.poll()
         poller.register(self.sock.fileno(), select.POLLIN)
         poller.register(self.wake_r, select.POLLIN)
@@ -324,7 +345,7 @@ class Agent:
                 self.kill_tree(cmd)
         return True
 
-    def spawn(self, req: dict, fds: list[int]) -> None:
+    def spawn(self, req: dict[str, Any], fds: list[int]) -> None:
         stdio, status = fds[:3], fds[3]
         for fd in fds:
             os.set_inheritable(fd, False)
@@ -344,7 +365,7 @@ class Agent:
         self.by_pid[pid] = req["id"]
         self.reap()
 
-    def _spawn_in(self, req: dict, stdio: list[int]) -> int:
+    def _spawn_in(self, req: dict[str, Any], stdio: list[int]) -> int:
         """posix_spawn takes no working directory: enter it around the spawn."""
         try:
             os.chdir(req["cwd"])

@@ -18,7 +18,7 @@ import resource
 import secrets
 import uuid
 from pathlib import Path
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 from rollbox.backend import Backend, Diagnostic
 from rollbox.errors import BackendUnavailableError, CreateFailedError, ImageError, SandboxError
@@ -32,6 +32,9 @@ from rollbox_local.layers import copy_layer, remove_tree
 from rollbox_local.paths import default_home, sandbox_ids, unreachable_by
 from rollbox_local.sandbox import LocalSandbox
 from rollbox_local.zygote import Zygote
+
+if TYPE_CHECKING:
+    from rollbox_local.generation import Generation
 
 GiB = 1024**3
 
@@ -185,6 +188,19 @@ class LocalBackend(Backend):
     def live_sandboxes(self) -> int:
         return len(self._sandboxes)
 
+    async def leftovers(self) -> list[str]:
+        """Open sandboxes, their directories, and bwrap processes using this state dir."""
+        if self._background:
+            await asyncio.gather(*self._background, return_exceptions=True)
+        found = [f"sandbox {sid} is open" for sid in self._sandboxes]
+        found += [f"directory {p}" for p in sorted((self.state_dir / "sandboxes").iterdir())
+                  if p.name not in self._sandboxes]
+        found += [f"directory {p}" for p in sorted((self.state_dir / "trash").iterdir())]
+        marker = str(self.state_dir / "sandboxes").encode()
+        for pid in _bwrap_processes(marker):
+            found.append(f"process {pid} (bwrap) still runs")
+        return found
+
     async def aclose(self) -> None:
         await asyncio.gather(*(s.close() for s in list(self._sandboxes.values())),
                              return_exceptions=True)
@@ -199,6 +215,20 @@ class LocalBackend(Backend):
     @classmethod
     def doctor(cls) -> list[Diagnostic]:
         return doctor_checks.run_checks()
+
+
+def _bwrap_processes(marker: bytes) -> list[int]:
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if b"bwrap" in cmdline.split(b"\0", 1)[0] and marker in cmdline:
+            pids.append(int(entry.name))
+    return pids
 
 
 def _remove_all(paths: list[Path]) -> None:

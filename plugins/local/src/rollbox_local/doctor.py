@@ -50,8 +50,9 @@ def _userns_checks() -> list[Diagnostic]:
 
 
 def _trial() -> Diagnostic:
-    from rollbox_local.backend import LocalBackend
     from rollbox.spec import SandboxSpec
+
+    from rollbox_local.backend import LocalBackend
 
     async def attempt(home: str) -> str:
         async with LocalBackend(state_dir=home) as backend:

@@ -26,18 +26,25 @@ class Generation:
     upper: Path
     work: Path
 
+    def __post_init__(self) -> None:
+        # Either one dying means the sandbox is lost: take the other down with it, so
+        # that running commands end (and surface SandboxLostError) at once.
+        self.instance.exited.add_done_callback(lambda _: self.agent.signal_kill())
+        self.agent.exited.add_done_callback(lambda _: self.instance.signal_kill())
+
     @property
     def alive(self) -> bool:
-        return self.instance.alive
+        return self.instance.alive and self.agent.alive
 
     def signal_kill(self) -> None:
         """Kill every process of this generation without waiting for the teardown
         (unmounting a layer with many files takes milliseconds; nobody needs to wait)."""
-        self.agent.close()
+        self.agent.signal_kill()
         self.instance.signal_kill()
 
     async def stop(self) -> None:
         """Kill every process of this generation (its writable layer stays on disk)."""
+        await self.agent.kill()
         self.agent.close()
         await self.instance.kill()
 
@@ -70,7 +77,7 @@ async def boot_generation(sandbox: LocalSandbox, number: int) -> Generation:
     )
     try:
         agent = await backend.zygote.boot_agent(
-            pid1=instance.pid1, rlimits=sandbox.rlimits, sandbox_id=sandbox.id,
+            holder=instance.holder, rlimits=sandbox.rlimits, sandbox_id=sandbox.id,
             timeout=sandbox.spec.timeouts.create_s,
         )
     except BaseException:

@@ -15,7 +15,7 @@ import json
 import os
 import signal
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from rollbox.errors import CreateFailedError
 
@@ -27,15 +27,30 @@ BLOCK_FD, INFO_FD = 3, 4  # where the zygote puts those pipes for bwrap
 
 
 class Instance:
-    def __init__(self, pid1: int, pidfd: int) -> None:
-        self.pid1 = pid1
+    def __init__(self, holder: int, pidfd: int, monitor_fd: int) -> None:
+        self.holder = holder
         self._pidfd = pidfd
+        self._monitor_fd = monitor_fd  # pidfd of the outer bwrap (holder's parent)
         loop = asyncio.get_running_loop()
         self.exited = loop.create_future()
         loop.add_reader(pidfd, self._on_exit)
 
     @classmethod
-    async def start(
+    async def start(cls, *args: Any, **kwargs: Any) -> Instance:
+        """Start bwrap and wait until the sandbox is ready (see ``_start``).
+
+        Cancellation waits for the half-started sandbox and kills it, so no bwrap is
+        ever left behind by an interrupted create."""
+        task = asyncio.ensure_future(cls._start(*args, **kwargs))
+        try:
+            return await asyncio.shield(task)
+        except asyncio.CancelledError:
+            with contextlib.suppress(Exception):
+                await (await task).kill()
+            raise
+
+    @classmethod
+    async def _start(
         cls,
         zygote: Zygote,
         argv: Sequence[str],
@@ -59,31 +74,36 @@ class Instance:
             raise CreateFailedError(f"cannot start bwrap: {exc}", sandbox_id=sandbox_id) from exc
         finally:
             os.close(info_w)
-        pid1, pidfd = 0, -1
+        holder, pidfd, monitor_fd = 0, -1, -1
         try:
             async with asyncio.timeout(timeout):
                 info = await _read_all(loop, info_r)
-                pid1 = int(json.loads(info)["child-pid"]) if info else 0
-                if not pid1:
+                holder = int(json.loads(info)["child-pid"]) if info else 0
+                if not holder:
                     raise CreateFailedError(_failure(log_path), sandbox_id=sandbox_id)
-                pidfd = os.pidfd_open(pid1)
-                while not _caps_dropped(pid1):
-                    if not os.path.exists(f"/proc/{pid1}"):
+                pidfd = os.pidfd_open(holder)
+                monitor_fd = os.pidfd_open(_parent_of(holder))
+                while not (ready := _caps_dropped(holder)):
+                    if ready is None:  # it is gone: bwrap failed
                         raise CreateFailedError(_failure(log_path), sandbox_id=sandbox_id)
                     await asyncio.sleep(READY_POLL_S)
         except BaseException as exc:
             if pidfd >= 0:
                 with contextlib.suppress(OSError):
                     signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+                await _exit_of(pidfd)
                 os.close(pidfd)
+            if monitor_fd >= 0:
+                await _exit_of(monitor_fd)
+                os.close(monitor_fd)
             if isinstance(exc, TimeoutError):
                 raise CreateFailedError(
                     f"sandbox {sandbox_id} was not ready within {timeout}s", sandbox_id=sandbox_id
                 ) from None
-            if isinstance(exc, ProcessLookupError):
+            if isinstance(exc, ProcessLookupError | FileNotFoundError):
                 raise CreateFailedError(_failure(log_path), sandbox_id=sandbox_id) from None
             raise
-        return cls(pid1, pidfd)
+        return cls(holder, pidfd, monitor_fd)
 
     def _on_exit(self) -> None:
         asyncio.get_running_loop().remove_reader(self._pidfd)
@@ -95,13 +115,13 @@ class Instance:
         return not self.exited.done()
 
     def signal_kill(self) -> None:
-        """SIGKILL the sandbox's init: the kernel then kills everything inside."""
+        """SIGKILL the holder: the namespaces and mounts it keeps go with it."""
         if self._pidfd >= 0 and self.alive:
             with contextlib.suppress(ProcessLookupError):
                 signal.pidfd_send_signal(self._pidfd, signal.SIGKILL)
 
     async def kill(self) -> None:
-        """Kill and wait until the sandbox's init (and so everything) is gone."""
+        """Kill and wait until the holder and its bwrap parent are gone."""
         if self._pidfd < 0:
             return
         if self.alive:
@@ -111,16 +131,42 @@ class Instance:
             asyncio.get_running_loop().remove_reader(self._pidfd)
         os.close(self._pidfd)
         self._pidfd = -1
+        await _exit_of(self._monitor_fd)  # the outer bwrap follows its child at once
+        os.close(self._monitor_fd)
+        self._monitor_fd = -1
 
 
-def _caps_dropped(pid: int) -> bool:
+def _parent_of(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("PPid:"):
+                return int(line.split()[1])
+    raise ProcessLookupError(pid)
+
+
+async def _exit_of(pidfd: int) -> None:
+    loop = asyncio.get_running_loop()
+    done = loop.create_future()
+    def readable() -> None:
+        if not done.done():
+            done.set_result(None)
+
+    loop.add_reader(pidfd, readable)
+    try:
+        await done
+    finally:
+        loop.remove_reader(pidfd)
+
+
+def _caps_dropped(pid: int) -> bool | None:
+    """Whether ``pid`` has dropped every capability; None if it no longer exists."""
     try:
         with open(f"/proc/{pid}/status") as f:
             for line in f:
                 if line.startswith("CapEff:"):
                     return int(line.split()[1], 16) == 0
     except OSError:
-        return False
+        return None
     return False
 
 

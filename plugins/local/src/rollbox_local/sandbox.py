@@ -130,12 +130,9 @@ class LocalSandbox(Sandbox):
             return
         self._closed = True
         generations = [self._current] if self._current is not None else []
-        if self._standby is not None:
-            self._standby.cancel()
-            try:
+        if self._standby is not None:  # let it finish booting, then stop it with the rest
+            with contextlib.suppress(SandboxError):
                 generations.append(await self._standby)
-            except (asyncio.CancelledError, SandboxError):
-                pass
         self._current = self._standby = None
         for generation in generations:
             await generation.stop()
@@ -227,7 +224,7 @@ class LocalSandbox(Sandbox):
             if ex.status.killed or ex.status.exit_code is not None:
                 return
         if self._current is not None:  # could not kill the tree: drop the whole sandbox
-            await self._current.instance.kill()
+            await self._current.stop()
 
     async def _exit_code(self, ex: Execution, request: ExecRequest) -> int:
         st = ex.status
@@ -244,7 +241,9 @@ class LocalSandbox(Sandbox):
         current = self._current
         if current is not None:
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(asyncio.shield(current.instance.exited), 0.5)
+                await asyncio.wait_for(asyncio.wait(
+                    [current.instance.exited, current.agent.exited],
+                    return_when=asyncio.FIRST_COMPLETED), 0.5)
         if current is None or not current.alive:
             raise SandboxLostError(
                 f"sandbox {self.id} died while running {request.argv[-1][:80]!r}; retry on a "
@@ -260,7 +259,7 @@ class LocalSandbox(Sandbox):
     # -- files ---------------------------------------------------------------------------
 
     def _root_fd(self) -> int:
-        path = f"/proc/{self._live().instance.pid1}/root"
+        path = f"/proc/{self._live().instance.holder}/root"
         return os.open(path, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
 
     async def read_file(self, path: str) -> bytes:

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import array
 import asyncio
+import contextlib
 import json
+import os
+import signal
 import socket
 import subprocess
 import sys
@@ -22,10 +25,38 @@ def _ancillary(fds: Sequence[int]) -> list[tuple[int, int, bytes]]:
 
 
 class AgentChannel:
-    """The backend's end of one sandbox agent's socket."""
+    """The backend's end of one sandbox agent's socket, and a pidfd on the agent."""
 
-    def __init__(self, sock: socket.socket) -> None:
+    def __init__(self, sock: socket.socket, pid: int) -> None:
         self.sock = sock
+        self.pid = pid
+        self._pidfd = os.pidfd_open(pid)
+        loop = asyncio.get_running_loop()
+        self.exited = loop.create_future()
+        loop.add_reader(self._pidfd, self._on_exit)
+
+    def _on_exit(self) -> None:
+        asyncio.get_running_loop().remove_reader(self._pidfd)
+        if not self.exited.done():
+            self.exited.set_result(None)
+
+    @property
+    def alive(self) -> bool:
+        return not self.exited.done()
+
+    def signal_kill(self) -> None:
+        """SIGKILL the agent: as its pid namespace's init, everything inside dies too."""
+        if self._pidfd >= 0 and self.alive:
+            with contextlib.suppress(ProcessLookupError):
+                signal.pidfd_send_signal(self._pidfd, signal.SIGKILL)
+
+    async def kill(self) -> None:
+        if self._pidfd < 0:
+            return
+        self.signal_kill()
+        await asyncio.shield(self.exited)
+        os.close(self._pidfd)
+        self._pidfd = -1
 
     def send(self, message: dict[str, Any], fds: Sequence[int] = ()) -> None:
         """Queue a request (never blocks for long: requests are tiny)."""
@@ -33,6 +64,9 @@ class AgentChannel:
 
     def close(self) -> None:
         self.sock.close()
+        if self._pidfd >= 0 and not self.alive:
+            os.close(self._pidfd)
+            self._pidfd = -1
 
 
 class Zygote:
@@ -78,32 +112,45 @@ class Zygote:
         self._send(json.dumps(message).encode(), [block_fd, info_fd, log_fd])
 
     async def boot_agent(
-        self, *, pid1: int, rlimits: Sequence[tuple[int, int, int]], sandbox_id: str,
+        self, *, holder: int, rlimits: Sequence[tuple[int, int, int]], sandbox_id: str,
         timeout: float,
     ) -> AgentChannel:
-        """Start the agent inside the sandbox whose init is ``pid1``; wait until it serves."""
+        """Start the agent in the namespaces ``holder`` keeps; wait until it serves."""
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         header = json.dumps(
-            {"op": "boot", "pid1": pid1, "rlimits": [list(r) for r in rlimits]}
+            {"op": "boot", "holder": holder, "rlimits": [list(r) for r in rlimits]}
         ).encode()
         try:
             self._send(header, [theirs.fileno()])
         finally:
             theirs.close()
         ours.setblocking(False)
+        loop = asyncio.get_running_loop()
+        pid, ready = 0, False
         try:
             async with asyncio.timeout(timeout):
-                reply = await asyncio.get_running_loop().sock_recv(ours, 4096)
-        except (TimeoutError, OSError) as exc:
+                while not (ready and pid):  # C1's "P" and the agent's "R" may come either way
+                    reply = await loop.sock_recv(ours, 4096)
+                    if reply.startswith(b"P "):
+                        pid = int(reply[2:])
+                    elif reply == b"R":
+                        ready = True
+                    else:
+                        why = reply[2:].decode(errors="replace") if reply else "it exited"
+                        raise CreateFailedError(
+                            f"the agent of sandbox {sandbox_id} failed: {why}",
+                            sandbox_id=sandbox_id)
+            return AgentChannel(ours, pid)
+        except BaseException as exc:
             ours.close()
-            raise CreateFailedError(f"the agent of sandbox {sandbox_id} did not start: {exc!r}",
-                                    sandbox_id=sandbox_id) from None
-        if reply != b"R":
-            ours.close()
-            why = reply[2:].decode(errors="replace") if reply else "it exited"
-            raise CreateFailedError(f"the agent of sandbox {sandbox_id} failed: {why}",
-                                    sandbox_id=sandbox_id)
-        return AgentChannel(ours)
+            if pid:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            if isinstance(exc, TimeoutError | OSError):
+                raise CreateFailedError(
+                    f"the agent of sandbox {sandbox_id} did not start: {exc!r}",
+                    sandbox_id=sandbox_id) from None
+            raise
 
     def close(self) -> None:
         if self._sock is not None:

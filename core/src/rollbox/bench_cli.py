@@ -1,0 +1,244 @@
+"""The ``rollbox bench`` command: arguments, progress on stderr, the table, JSON, PNG."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any, TextIO
+
+from rollbox.bench import ARMS, BenchConfig, ChaosRates, run_bench
+from rollbox.errors import MissingExtraError, UsageError
+from rollbox.results import RolloutResult
+from rollbox.spec import MiB
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    d = BenchConfig()
+    parser.add_argument("--backend", default=os.environ.get("ROLLBOX_BACKEND", "local"),
+                        help="backend to run on (default: $ROLLBOX_BACKEND or 'local'; "
+                             "'fake' runs in memory in seconds)")
+    parser.add_argument("--images", type=int, default=d.images,
+                        help=f"distinct task images (default {d.images})")
+    parser.add_argument("--rollouts", type=int, default=d.rollouts_per_task,
+                        help=f"rollouts per task (default {d.rollouts_per_task})")
+    parser.add_argument("--concurrency", type=int, default=d.concurrency,
+                        help=f"rollouts in flight at once (default {d.concurrency})")
+    parser.add_argument("--padding-mb", type=float, default=d.padding_bytes / MiB,
+                        help="random bytes per image, MiB (default %(default)s)")
+    parser.add_argument("--capacity-mb", type=float, default=None,
+                        help="image store capacity, MiB (default: a third of the corpus)")
+    parser.add_argument("--budget", type=int, default=None,
+                        help="warm sandboxes planned ahead by lookahead (default: concurrency)")
+    parser.add_argument("--create-rate", type=float, default=d.create_rate,
+                        help="creates per second in the rollbox arm (default %(default)s)")
+    parser.add_argument("--p-correct", type=float, default=d.p_correct,
+                        help="probability the scripted patch is right (default %(default)s)")
+    parser.add_argument("--seed", type=int, default=d.seed, help="workload seed")
+    parser.add_argument("--chaos", metavar="SPEC", default=None,
+                        help="inject faults, e.g. 'kill=0.05,hang=0.01,create=0.02' "
+                             "(rates per command / per create)")
+    parser.add_argument("--exec-timeout", type=float, default=d.exec_timeout_s,
+                        help="seconds before a command counts as hung (default %(default)s)")
+    parser.add_argument("--arms", default=",".join(ARMS), help="arms to run (default both)")
+    parser.add_argument("--workdir", default=None,
+                        help="directory for images and state (default: under ROLLBOX_HOME)")
+    parser.add_argument("--json", metavar="PATH", default=None, help="write the report here")
+    parser.add_argument("--plot", metavar="PATH", default=None,
+                        help='draw both TTFC distributions to a PNG (needs "rollbox[plot]")')
+    parser.add_argument("--quiet", action="store_true", help="no progress on stderr")
+
+
+def parse_chaos(text: str | None) -> ChaosRates:
+    if not text:
+        return ChaosRates()
+    names = {"kill": "kill", "hang": "hang", "create": "create_fail",
+             "create_fail": "create_fail"}
+    rates: dict[str, float] = {}
+    for part in text.split(","):
+        key, sep, value = part.partition("=")
+        key = key.strip()
+        if not sep or key not in names:
+            raise UsageError(f"--chaos: cannot read {part!r}; use kill=R,hang=R,create=R")
+        try:
+            rates[names[key]] = float(value)
+        except ValueError:
+            raise UsageError(f"--chaos: {key} rate {value!r} is not a number") from None
+    return ChaosRates(**rates)
+
+
+def config_from(args: argparse.Namespace) -> BenchConfig:
+    return BenchConfig(
+        backend=args.backend, images=args.images, rollouts_per_task=args.rollouts,
+        concurrency=args.concurrency, padding_bytes=int(args.padding_mb * MiB),
+        image_capacity_bytes=None if args.capacity_mb is None else int(args.capacity_mb * MiB),
+        budget=args.budget, create_rate=args.create_rate, p_correct=args.p_correct,
+        seed=args.seed, chaos=parse_chaos(args.chaos), exec_timeout_s=args.exec_timeout,
+        arms=tuple(a.strip() for a in args.arms.split(",") if a.strip()),
+        workdir=args.workdir,
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.plot:
+        _require_matplotlib()
+    config = config_from(args)
+    progress = None if args.quiet else ProgressLine(sys.stderr)
+    report = asyncio.run(run_bench(config, progress=progress))
+    if progress is not None:
+        progress.finish()
+    print(render_table(report))
+    if args.json:
+        text = json.dumps(_finite(report), indent=2, allow_nan=False, default=_json_default)
+        Path(args.json).write_text(text + "\n")
+        print(f"report written to {args.json}")
+    if args.plot:
+        plot_ttfc(report, Path(args.plot))
+        print(f"TTFC plot written to {args.plot}")
+    unaccounted = [a for a, r in report["arms"].items() if not r["rollouts"]["accounted"]]
+    leaked = [a for a, r in report["arms"].items() if r["leaked_sandboxes"]]
+    if unaccounted or leaked:
+        print(f"rollbox bench: unaccounted rollouts in {unaccounted}, leaked sandboxes in "
+              f"{leaked}", file=sys.stderr)
+        return 1
+    return 0
+
+
+class ProgressLine:
+    """One updating line per arm on a terminal; a line every 10% otherwise."""
+
+    def __init__(self, out: TextIO) -> None:
+        self.out = out
+        self.tty = out.isatty()
+        self.last = 0.0
+        self.failed: dict[str, int] = {}
+        self.started: dict[str, float] = {}
+        self.step = -1
+
+    def __call__(self, arm: str, done: int, total: int, result: RolloutResult) -> None:
+        now = time.monotonic()
+        start = self.started.setdefault(arm, now)
+        if not result.ok:
+            self.failed[arm] = self.failed.get(arm, 0) + 1
+        line = (f"[{arm}] {done}/{total} rollouts, {self.failed.get(arm, 0)} failed, "
+                f"{now - start:.1f}s")
+        if self.tty:
+            if now - self.last > 0.1 or done == total:
+                self.last = now
+                self.out.write("\r\033[K" + line + ("\n" if done == total else ""))
+                self.out.flush()
+        else:
+            step = done * 10 // max(1, total)
+            if step != self.step or done == total:
+                self.step = step
+                print(line, file=self.out, flush=True)
+
+    def finish(self) -> None:
+        self.out.flush()
+
+
+def render_table(report: dict[str, Any]) -> str:
+    arms = report["arms"]
+    names = [a for a in ARMS if a in arms]
+    w = report["workload"]
+    lines = [
+        f"workload: {w['images']} images x {w['rollouts_per_task']} rollouts = "
+        f"{w['rollouts']} rollouts on {w['backend']!r}, concurrency {w['concurrency']}, "
+        f"corpus {w['corpus_bytes'] / MiB:.0f} MiB, store {w['image_capacity_bytes'] / MiB:.0f}"
+        " MiB",
+    ]
+    header = f"{'':<22}" + "".join(f"{n:>14}" for n in names)
+    both = len(names) == 2
+    if both:
+        header += f"{'ratio':>12}"
+    lines.append(header)
+
+    def row(label: str, values: list[float], fmt: str, ratio: float | None = None) -> None:
+        text = f"{label:<22}" + "".join(f"{_fmt(v, fmt):>14}" for v in values)
+        if both:
+            text += f"{'' if ratio is None else f'{ratio:.1f}x':>12}"
+        lines.append(text)
+
+    ratios = report.get("ratios", {})
+    for key in ("mean", "p50", "p99", "max"):
+        row(f"TTFC {key} (ms)", [arms[n]["ttfc_s"][key] * 1e3 for n in names], ".1f",
+            ratios.get(f"ttfc_{key}"))
+    row("creations", [arms[n]["creations"] for n in names], "d", ratios.get("creations"))
+    row("creations/rollout", [arms[n]["creations_per_rollout"] for n in names], ".2f")
+    row("resets", [arms[n]["resets"] for n in names], "d")
+    row("succeeded", [arms[n]["rollouts"]["succeeded"] for n in names], "d")
+    row("failed", [arms[n]["rollouts"]["failed"] for n in names], "d")
+    kinds = sorted({k for n in names for k in arms[n]["rollouts"]["failed_by_kind"]})
+    for kind in kinds:
+        row(f"  {kind}", [arms[n]["rollouts"]["failed_by_kind"].get(kind, 0) for n in names],
+            "d")
+    retried = sorted({k for n in names for k in arms[n]["rollouts"]["retried_by_kind"]})
+    for kind in retried:
+        row(f"retried {kind}",
+            [arms[n]["rollouts"]["retried_by_kind"].get(kind, 0) for n in names], "d")
+    injected = sorted({k for n in names for k in arms[n]["chaos_injected"]})
+    for kind in injected:
+        row(f"chaos {kind}", [arms[n]["chaos_injected"].get(kind, 0) for n in names], "d")
+    row("wall (s)", [arms[n]["wall_s"] for n in names], ".2f", ratios.get("wall"))
+    accounted = all(arms[n]["rollouts"]["accounted"] for n in names)
+    lines.append(f"every rollout accounted: {'yes' if accounted else 'NO'}")
+    return "\n".join(lines)
+
+
+def _fmt(value: float, fmt: str) -> str:
+    if isinstance(value, float) and math.isnan(value):
+        return "-"
+    return format(value, fmt)
+
+
+def _finite(value: Any) -> Any:
+    """NaN (e.g. a TTFC of an arm without samples) becomes null: strict JSON."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite(v) for v in value]
+    return value
+
+
+def _json_default(value: object) -> object:
+    raise TypeError(f"not JSON serialisable: {type(value).__name__}")
+
+
+def _require_matplotlib() -> None:
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        raise MissingExtraError("rollbox bench --plot", "plot") from None
+
+
+def plot_ttfc(report: dict[str, Any], path: Path) -> None:
+    """Both arms' TTFC as empirical CDFs on a log time axis."""
+    _require_matplotlib()
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for arm, data in report["arms"].items():
+        samples = [s * 1e3 for s in data["ttfc_samples_s"]]
+        if not samples:
+            continue
+        ys = [(i + 1) / len(samples) for i in range(len(samples))]
+        ax.step(samples, ys, where="post", label=f"{arm} (max {max(samples):.0f} ms)")
+    ax.set_xscale("log")
+    ax.set_xlabel("time to first command (ms)")
+    ax.set_ylabel("fraction of sandboxes")
+    ax.set_title("rollbox bench: TTFC distribution")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

@@ -1,0 +1,306 @@
+"""The built-in synthetic SWE-style task source (``synthetic``).
+
+Task ``i`` is an image holding a small git repository at ``/repo``: ``solution.py`` with
+a bug, ``test_solution.py`` that fails on it (cases in ``cases.json``), the fix committed
+on branch ``fix``, plus ``padding_bytes`` of seeded random bytes outside the repository
+so that hydrating the image costs something real. Images are OCI image layouts, based on
+the host's root filesystem (for ``python3``), written by ``rollbox_local.oci_build``; the
+image reference is the layout's path.
+
+The scripted policy of each task reads ``README.md`` (its first command, the one TTFC
+times), runs the tests (they fail), applies a candidate patch
+(the right one with probability ``p_correct``, seeded per task and rollout), runs the
+tests again; reward = 1.0 if they pass. Everything is deterministic for a seed.
+
+For the fake backend, ``fake_backend()`` returns a ``FakeBackend`` with the same files
+and a handler that evaluates the test run in-process, so runners and the bench are
+testable in milliseconds.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+import shlex
+import struct
+import zlib
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rollbox.errors import MissingExtraError, UsageError
+from rollbox.results import RolloutOutput
+from rollbox.sandbox import ExecRequest, ExecResult, Sandbox
+from rollbox.spec import MiB, SandboxSpec, Timeouts
+from rollbox.tasks import Task
+from rollbox.testing.fake import FakeBackend, FakeSandbox, builtin_handler
+
+REPO = "/repo"
+TEST_COMMAND = "python3 -B test_solution.py"
+PADDING_PATH = "/opt/rollbox-synthetic/padding.bin"
+
+_TEST_SOURCE = """\
+import json
+import sys
+
+from solution import solve
+
+with open("cases.json") as f:
+    cases = json.load(f)
+bad = [(x, want, solve(x)) for x, want in cases if solve(x) != want]
+for x, want, got in bad:
+    print(f"FAIL solve({x}) = {got}, want {want}")
+print(f"{len(cases) - len(bad)}/{len(cases)} passed")
+sys.exit(1 if bad else 0)
+"""
+
+
+def _solution(a: int, b: int) -> bytes:
+    return f"def solve(x):\n    return x * {a} + {b}\n".encode()
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One synthetic task's content (deterministic for seed and index)."""
+
+    index: int
+    a: int
+    b: int
+    buggy: bytes
+    fixed: bytes
+    wrong: bytes
+    cases: tuple[tuple[int, int], ...]
+
+    @classmethod
+    def make(cls, seed: int, index: int) -> Problem:
+        rng = random.Random(f"rollbox-synthetic:{seed}:{index}")
+        a, b = rng.randint(2, 97), rng.randint(1, 997)
+        cases = tuple((x, a * x + b) for x in rng.sample(range(-50, 50), 4))
+        return cls(index, a, b, buggy=_solution(a, b + 1), fixed=_solution(a, b),
+                   wrong=_solution(a, -b), cases=cases)
+
+    def repo_files(self) -> dict[str, bytes]:
+        """Working-tree files of ``/repo`` (relative paths), as on branch ``main``."""
+        return {
+            "README.md": f"Synthetic task {self.index}: make the tests pass.\n".encode(),
+            "cases.json": json.dumps([list(c) for c in self.cases]).encode() + b"\n",
+            "solution.py": self.buggy,
+            "test_solution.py": _TEST_SOURCE.encode(),
+        }
+
+    def passes(self, solution: bytes) -> bool:
+        """What the test run decides for a given ``solution.py`` (no exec of code)."""
+        return solution == self.fixed
+
+
+class SyntheticSource:
+    """``n_images`` SWE-style tasks. ``kind`` is ``local`` (OCI layouts under ``root``)
+    or ``fake`` (in-memory images for ``FakeBackend``)."""
+
+    name = "synthetic"
+
+    def __init__(
+        self,
+        n_images: int = 16,
+        *,
+        seed: int = 0,
+        padding_bytes: int = 1 * MiB,
+        p_correct: float = 0.5,
+        kind: str = "local",
+        root: str | Path | None = None,
+        test_timeout_s: float = 30.0,
+    ) -> None:
+        if n_images < 1:
+            raise UsageError(f"synthetic source needs n_images >= 1, got {n_images}")
+        if padding_bytes < 0:
+            raise UsageError("padding_bytes must be >= 0")
+        if not 0.0 <= p_correct <= 1.0:
+            raise UsageError(f"p_correct must be within [0, 1], got {p_correct}")
+        if kind not in ("local", "fake"):
+            raise UsageError(f"synthetic source kind must be 'local' or 'fake', got {kind!r}")
+        if kind == "local" and root is None:
+            raise UsageError("the local synthetic source needs root=<directory for images>")
+        self.n_images = n_images
+        self.seed = seed
+        self.padding_bytes = padding_bytes
+        self.p_correct = p_correct
+        self.kind = kind
+        self.root = Path(root) if root is not None else None
+        self.test_timeout_s = test_timeout_s
+        self.problems = [Problem.make(seed, i) for i in range(n_images)]
+
+    @property
+    def corpus_bytes(self) -> int:
+        """Approximate size of all images' own content (padding dominates)."""
+        return sum(self.padding_bytes + 4096 for _ in self.problems)
+
+    def image_ref(self, problem: Problem) -> str:
+        if self.kind == "fake":
+            return f"synthetic-{self.seed}-{problem.index}"
+        assert self.root is not None
+        return str(self.root / f"task-{problem.index:05d}")
+
+    def tasks(self) -> Iterator[Task]:
+        for problem in self.problems:
+            spec = SandboxSpec(
+                image=self.image_ref(problem), workdir=REPO,
+                timeouts=Timeouts(exec_s=self.test_timeout_s),
+                labels={"rollbox.source": self.name, "rollbox.task": str(problem.index)},
+            )
+            yield Task(
+                id=f"synthetic-{problem.index:05d}", spec=spec,
+                policy=ScriptedPolicy(problem, self.p_correct, self.seed),
+                verifier=run_tests, meta={"source": self.name},
+            )
+
+    # -- image content -----------------------------------------------------------------
+
+    def image_files(self, problem: Problem) -> dict[str, bytes]:
+        """Every file of the image (absolute paths), git metadata and padding included."""
+        repo = problem.repo_files()
+        files = {f"{REPO}/{k}": v for k, v in repo.items()}
+        files.update({f"{REPO}/{k}": v for k, v in git_repository(
+            repo, fix={"solution.py": problem.fixed}).items()})
+        if self.padding_bytes:
+            rng = random.Random(f"rollbox-synthetic-padding:{self.seed}:{problem.index}")
+            files[PADDING_PATH] = rng.randbytes(self.padding_bytes)
+        return files
+
+    def build(self) -> list[Path]:
+        """Write every image as an OCI layout under ``root`` (skipping complete ones)."""
+        if self.kind != "local" or self.root is None:
+            raise UsageError("build() writes local images; this source is kind='fake'")
+        try:
+            from rollbox_local.oci_build import write_oci_layout
+        except ImportError:
+            raise MissingExtraError("building the synthetic local images", "local") from None
+        paths = []
+        for problem in self.problems:
+            dest = Path(self.image_ref(problem))
+            marker = dest / ".rollbox-complete"
+            if not marker.exists():
+                write_oci_layout(dest, self.image_files(problem), base_host=True,
+                                 env={"PYTHONDONTWRITEBYTECODE": "1"}, workdir=REPO)
+                marker.write_text(_fingerprint(self) + "\n")
+            paths.append(dest)
+        return paths
+
+    def fake_backend(self, **options: Any) -> FakeBackend:
+        """A FakeBackend holding these images, whose handler simulates the test run."""
+        if self.kind != "fake":
+            raise UsageError("fake_backend() needs a source built with kind='fake'")
+        images = {self.image_ref(p): self.image_files(p) for p in self.problems}
+        by_image = {self.image_ref(p): p for p in self.problems}
+
+        async def handler(sandbox: FakeSandbox, request: ExecRequest) -> ExecResult:
+            problem = by_image.get(sandbox.spec.image)
+            if problem is None or _shell(request) != TEST_COMMAND:
+                return await builtin_handler(sandbox, request)
+            solution = sandbox.files.get(f"{REPO}/solution.py", b"")
+            ok = problem.passes(solution)
+            total = len(problem.cases)
+            out = f"{total if ok else 0}/{total} passed\n".encode()
+            return ExecResult(0 if ok else 1, stdout=out)
+
+        return FakeBackend(handler, images=images, **options)
+
+
+def _fingerprint(source: SyntheticSource) -> str:
+    return f"seed={source.seed} padding={source.padding_bytes}"
+
+
+def _shell(request: ExecRequest) -> str:
+    argv = list(request.argv)
+    if argv[:2] == ["/bin/sh", "-c"] and len(argv) == 3:
+        return argv[2]
+    return shlex.join(argv)
+
+
+async def run_tests(sandbox: Sandbox, task: Task) -> float:
+    """The verifier: 1.0 if the repository's tests pass, else 0.0."""
+    return 1.0 if (await sandbox.exec(TEST_COMMAND, cwd=REPO)).ok else 0.0
+
+
+class ScriptedPolicy:
+    """Run the tests, apply a candidate patch (right with probability p), run them again."""
+
+    def __init__(self, problem: Problem, p_correct: float, seed: int) -> None:
+        self.problem = problem
+        self.p_correct = p_correct
+        self.seed = seed
+
+    def right_patch(self, index: int) -> bool:
+        rng = random.Random(f"rollbox-synthetic-policy:{self.seed}:{self.problem.index}:{index}")
+        return rng.random() < self.p_correct
+
+    async def __call__(self, sandbox: Sandbox, task: Task, index: int) -> RolloutOutput:
+        # First action, as an agent's: read the task statement (this is what TTFC times).
+        statement = await sandbox.exec(["cat", "README.md"], cwd=REPO)
+        before = await sandbox.exec(TEST_COMMAND, cwd=REPO)
+        right = self.right_patch(index)
+        patch = self.problem.fixed if right else self.problem.wrong
+        await sandbox.write_file(f"{REPO}/solution.py", patch)
+        reward = await run_tests(sandbox, task)
+        return RolloutOutput(reward=reward, info={
+            "read_task": statement.ok, "failing_before": not before.ok,
+            "patch": "right" if right else "wrong",
+        })
+
+
+# -- a git repository written by hand (no git binary needed at build time) ------------
+
+_EPOCH = "1700000000 +0000"
+_AUTHOR = "rollbox <synthetic@rollbox.invalid>"
+
+
+def git_repository(files: Mapping[str, bytes], *, fix: Mapping[str, bytes]) -> dict[str, bytes]:
+    """A ``.git`` directory (relative paths) with ``main`` = ``files`` and ``fix`` = main
+    with ``fix`` applied on top, plus an index matching ``main``'s tree. Deterministic."""
+    objects: dict[str, bytes] = {}
+
+    def put(kind: str, body: bytes) -> bytes:
+        raw = f"{kind} {len(body)}\0".encode() + body
+        digest = hashlib.sha1(raw).digest()
+        hexd = digest.hex()
+        objects[f".git/objects/{hexd[:2]}/{hexd[2:]}"] = zlib.compress(raw, 6)
+        return digest
+
+    def tree(content: Mapping[str, bytes]) -> tuple[bytes, dict[str, bytes]]:
+        blobs = {name: put("blob", data) for name, data in content.items()}
+        body = b"".join(f"100644 {n}\0".encode() + blobs[n] for n in sorted(blobs))
+        return put("tree", body), blobs
+
+    def commit(tree_id: bytes, parent: bytes | None, message: str) -> bytes:
+        lines = [f"tree {tree_id.hex()}"]
+        if parent is not None:
+            lines.append(f"parent {parent.hex()}")
+        lines += [f"author {_AUTHOR} {_EPOCH}", f"committer {_AUTHOR} {_EPOCH}", "", message]
+        return put("commit", ("\n".join(lines) + "\n").encode())
+
+    main_tree, blobs = tree(files)
+    main = commit(main_tree, None, "Add solve() and its tests (the tests fail)")
+    fix_tree, _ = tree({**files, **fix})
+    fixed = commit(fix_tree, main, "Fix solve()")
+    out = dict(objects)
+    out[".git/HEAD"] = b"ref: refs/heads/main\n"
+    out[".git/config"] = (b"[core]\n\trepositoryformatversion = 0\n\tfilemode = true\n"
+                          b"\tbare = false\n")
+    out[".git/refs/heads/main"] = main.hex().encode() + b"\n"
+    out[".git/refs/heads/fix"] = fixed.hex().encode() + b"\n"
+    out[".git/index"] = _git_index({n: (blobs[n], len(files[n])) for n in files})
+    return out
+
+
+def _git_index(entries: Mapping[str, tuple[bytes, int]]) -> bytes:
+    """A version-2 git index with zeroed stat data (git re-hashes such files once)."""
+    body = b"DIRC" + struct.pack(">II", 2, len(entries))
+    for name in sorted(entries):
+        sha, size = entries[name]
+        encoded = name.encode()
+        entry = struct.pack(">10I", 0, 0, 0, 0, 0, 0, 0o100644, 0, 0, size) + sha
+        entry += struct.pack(">H", min(len(encoded), 0xFFF)) + encoded
+        entry += b"\0" * (8 - len(entry) % 8)
+        body += entry
+    return body + hashlib.sha1(body).digest()

@@ -1,0 +1,259 @@
+"""Objects rendered from a ``SandboxSpec``: template, warm pool, claim, raw pod, RBAC.
+
+Pure functions over plain dicts (what the API server takes as JSON), so the same code
+feeds the backend, ``rollbox k8s render`` and the tests.
+
+Mapping from the spec:
+
+- ``image``, ``workdir``, ``env`` → the one container (``workingDir``, ``env``); the
+  container only keeps the pod alive (``keepalive``), commands arrive through exec.
+- ``resources`` → requests = limits (cpu, memory, ephemeral-storage), so a sandbox gets
+  what it asked for and no more (Guaranteed QoS).
+- ``network=none`` → a template ``networkPolicy`` with no rules: upstream's controller
+  then denies all ingress and egress. ``network=host`` → no ``networkPolicy``: upstream's
+  secure default (public internet only, no cluster-internal or metadata addresses).
+- ``KubeOptions`` adds what a spec does not say: runtimeClassName (e.g. ``gvisor``),
+  nodeSelector, tolerations, warm pool size.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from rollbox.sandbox import Sandbox
+from rollbox.spec import Network, SandboxSpec
+
+from rollbox_kubernetes.resources import (
+    CLAIMS,
+    CORE_GROUP,
+    EXT_GROUP,
+    LABEL_MANAGED,
+    LABEL_RUN,
+    LABEL_SPEC,
+    MANAGED_BY,
+    PODS,
+    SANDBOXES,
+    TEMPLATES,
+    WARM_POOLS,
+    check_run_id,
+    digest,
+)
+
+Obj = dict[str, Any]
+CONTAINER = "sandbox"
+DEFAULT_KEEPALIVE = ("sleep", "infinity")
+
+
+@dataclass(frozen=True)
+class KubeOptions:
+    """Cluster-side choices a ``SandboxSpec`` does not carry."""
+
+    namespace: str = "default"
+    run_id: str = "rollbox"
+    runtime_class: str | None = None
+    node_selector: Mapping[str, str] = field(default_factory=dict)
+    tolerations: Sequence[Mapping[str, Any]] = ()
+    warm_replicas: int = 2
+    keepalive: Sequence[str] = DEFAULT_KEEPALIVE
+    image_pull_policy: str = "IfNotPresent"
+    service_account: str = "rollbox"
+
+    def __post_init__(self) -> None:
+        check_run_id(self.run_id)
+        if self.warm_replicas < 0:
+            raise ValueError("warm_replicas must be >= 0")
+
+
+def labels(options: KubeOptions, spec_key: str | None = None) -> dict[str, str]:
+    out = {LABEL_MANAGED: MANAGED_BY, LABEL_RUN: options.run_id}
+    if spec_key is not None:
+        out[LABEL_SPEC] = spec_key
+    return out
+
+
+def container_env(spec: SandboxSpec) -> dict[str, str]:
+    """The environment a plain exec sees: the spec's env over core's defaults.
+
+    Core's ``Sandbox.request`` resolves exec env the same way, so when a caller passes
+    no extra env the backend can exec the argv as is (no ``env -i`` wrapper needed).
+    """
+    probe = _Probe(spec)
+    return dict(probe.request(["true"]).env)
+
+
+def _resources(spec: SandboxSpec) -> Obj:
+    res = spec.resources
+    cpu = f"{math.ceil(res.cpus * 1000)}m"
+    amounts = {"cpu": cpu, "memory": f"{res.memory_mb}Mi",
+               "ephemeral-storage": f"{res.disk_mb}Mi"}
+    return {"requests": dict(amounts), "limits": dict(amounts)}
+
+
+def spec_key(spec: SandboxSpec, options: KubeOptions) -> str:
+    """A stable name part for ``spec`` under ``options`` (equal specs share a template)."""
+    return digest(pod_spec(spec, options))
+
+
+def pod_spec(spec: SandboxSpec, options: KubeOptions) -> Obj:
+    container: Obj = {
+        "name": CONTAINER,
+        "image": spec.image,
+        "imagePullPolicy": options.image_pull_policy,
+        "command": list(options.keepalive),
+        "workingDir": spec.workdir,
+        "env": [{"name": k, "value": v} for k, v in sorted(container_env(spec).items())],
+        "resources": _resources(spec),
+    }
+    out: Obj = {
+        "containers": [container],
+        "automountServiceAccountToken": False,
+        "enableServiceLinks": False,
+        "terminationGracePeriodSeconds": 2,
+    }
+    if options.runtime_class:
+        out["runtimeClassName"] = options.runtime_class
+    if options.node_selector:
+        out["nodeSelector"] = dict(options.node_selector)
+    if options.tolerations:
+        out["tolerations"] = [dict(t) for t in options.tolerations]
+    return out
+
+
+def template_name(key: str, options: KubeOptions) -> str:
+    """Per run, so one run's teardown never deletes a template another run uses."""
+    return f"rbx-{options.run_id}-{key}"
+
+
+def template(spec: SandboxSpec, options: KubeOptions) -> Obj:
+    key = spec_key(spec, options)
+    body: Obj = {
+        "apiVersion": TEMPLATES.api_version,
+        "kind": TEMPLATES.kind,
+        "metadata": _meta(template_name(key, options), options, key),
+        "spec": {
+            "podTemplate": {"metadata": {"labels": labels(options, key)},
+                            "spec": pod_spec(spec, options)},
+        },
+    }
+    if spec.network is Network.NONE:
+        body["spec"]["networkPolicy"] = {"ingress": [], "egress": []}
+    return body
+
+
+def warm_pool(spec: SandboxSpec, options: KubeOptions, replicas: int | None = None) -> Obj:
+    key = spec_key(spec, options)
+    return {
+        "apiVersion": WARM_POOLS.api_version,
+        "kind": WARM_POOLS.kind,
+        "metadata": _meta(template_name(key, options), options, key),
+        "spec": {
+            "replicas": options.warm_replicas if replicas is None else replicas,
+            "sandboxTemplateRef": {"name": template_name(key, options)},
+            "updateStrategy": {"type": "OnReplenish"},
+        },
+    }
+
+
+def claim(name: str, pool_name: str, key: str, options: KubeOptions) -> Obj:
+    """A claim on ``pool_name``. It sets no env or volumes: those force a cold start."""
+    return {
+        "apiVersion": CLAIMS.api_version,
+        "kind": CLAIMS.kind,
+        "metadata": _meta(name, options, key),
+        "spec": {
+            "warmPoolRef": {"name": pool_name},
+            "lifecycle": {"shutdownPolicy": "Delete"},
+            "additionalPodMetadata": {"labels": labels(options, key)},
+        },
+    }
+
+
+def raw_pod(name: str, spec: SandboxSpec, options: KubeOptions) -> Obj:
+    """The baseline: one bare pod per sandbox, no controller involved."""
+    key = spec_key(spec, options)
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": _meta(name, options, key),
+        "spec": {**pod_spec(spec, options), "restartPolicy": "Never"},
+    }
+
+
+def rbac(options: KubeOptions) -> list[Obj]:
+    """ServiceAccount, Role and RoleBinding with exactly what the backend calls."""
+    ns, sa = options.namespace, options.service_account
+    rules = [
+        {"apiGroups": [EXT_GROUP], "resources": [TEMPLATES.plural, WARM_POOLS.plural,
+                                                 CLAIMS.plural],
+         "verbs": ["get", "list", "watch", "create", "patch", "delete"]},
+        {"apiGroups": [CORE_GROUP], "resources": [SANDBOXES.plural],
+         "verbs": ["get", "list", "watch"]},
+        {"apiGroups": [""], "resources": [PODS.plural],
+         "verbs": ["get", "list", "watch", "create", "delete"]},
+        {"apiGroups": [""], "resources": ["pods/exec"], "verbs": ["create", "get"]},
+    ]
+    meta = {"namespace": ns, "labels": {LABEL_MANAGED: MANAGED_BY}}
+    return [
+        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": sa, **meta}},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+         "metadata": {"name": sa, **meta}, "rules": rules},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+         "metadata": {"name": sa, **meta},
+         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": sa},
+         "subjects": [{"kind": "ServiceAccount", "name": sa, "namespace": ns}]},
+    ]
+
+
+def render_all(specs: Iterable[SandboxSpec], options: KubeOptions, *,
+               include_rbac: bool = True) -> list[Obj]:
+    """What ``rollbox k8s render`` prints: RBAC, then a template and a pool per spec."""
+    out = rbac(options) if include_rbac else []
+    seen: set[str] = set()
+    for spec in specs:
+        key = spec_key(spec, options)
+        if key not in seen:
+            seen.add(key)
+            out += [template(spec, options), warm_pool(spec, options)]
+    return out
+
+
+def dump(objects: Sequence[Obj]) -> str:
+    """YAML documents if PyYAML is importable (it comes with kubernetes-asyncio), else a
+    JSON ``List`` (``kubectl apply -f`` takes either)."""
+    try:
+        import yaml  # type: ignore[import-untyped,unused-ignore]
+    except ImportError:  # pragma: no cover - kubernetes-asyncio depends on PyYAML
+        import json
+
+        return json.dumps({"apiVersion": "v1", "kind": "List", "items": list(objects)},
+                          indent=2) + "\n"
+    return str(yaml.safe_dump_all(list(objects), sort_keys=False))
+
+
+def _meta(name: str, options: KubeOptions, key: str) -> Obj:
+    return {"name": name, "namespace": options.namespace, "labels": labels(options, key)}
+
+
+class _Probe(Sandbox):
+    """Only used to ask core how it resolves exec env for a spec; never runs anything."""
+
+    async def run(self, request: Any) -> Any:
+        raise NotImplementedError
+
+    async def read_file(self, path: str) -> bytes:
+        raise NotImplementedError
+
+    async def write_file(self, path: str, data: bytes, *, mode: int = 0o644) -> None:
+        raise NotImplementedError
+
+    async def reset(self) -> None:
+        raise NotImplementedError
+
+    async def close(self) -> None:
+        return None
+
+    def __init__(self, spec: SandboxSpec) -> None:
+        super().__init__("probe", spec)

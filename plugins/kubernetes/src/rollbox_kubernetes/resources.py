@@ -1,0 +1,85 @@
+"""The API resources rollbox touches, the labels it writes, and how objects are named.
+
+Groups and versions follow kubernetes-sigs/agent-sandbox v1beta1: ``Sandbox`` lives in
+``agents.x-k8s.io``; ``SandboxTemplate``, ``SandboxWarmPool`` and ``SandboxClaim`` in
+``extensions.agents.x-k8s.io``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from dataclasses import dataclass
+from typing import Any
+
+CORE_GROUP = "agents.x-k8s.io"
+EXT_GROUP = "extensions.agents.x-k8s.io"
+VERSION = "v1beta1"
+
+# Labels rollbox writes. ``run`` marks ownership: teardown and the reaper delete only
+# objects whose run label is theirs (a fix for upstream issue #1736).
+LABEL_MANAGED = "app.kubernetes.io/managed-by"
+LABEL_RUN = "rollbox.dev/run"
+LABEL_SPEC = "rollbox.dev/spec"
+MANAGED_BY = "rollbox"
+
+# Upstream's annotations: on a claim, the Sandbox it adopted; on a Sandbox, its pod.
+ANNOTATION_SANDBOX_NAME = "agents.x-k8s.io/sandbox-name"
+ANNOTATION_POD_NAME = "agents.x-k8s.io/pod-name"
+
+
+@dataclass(frozen=True)
+class Resource:
+    """One namespaced API resource: enough to build its URL paths."""
+
+    group: str
+    version: str
+    plural: str
+    kind: str
+
+    @property
+    def api_version(self) -> str:
+        return f"{self.group}/{self.version}" if self.group else self.version
+
+    def path(self, namespace: str, name: str | None = None, sub: str | None = None) -> str:
+        base = f"/apis/{self.group}/{self.version}" if self.group else f"/api/{self.version}"
+        path = f"{base}/namespaces/{namespace}/{self.plural}"
+        if name is not None:
+            path += f"/{name}"
+        if sub is not None:
+            path += f"/{sub}"
+        return path
+
+
+PODS = Resource("", "v1", "pods", "Pod")
+SANDBOXES = Resource(CORE_GROUP, VERSION, "sandboxes", "Sandbox")
+TEMPLATES = Resource(EXT_GROUP, VERSION, "sandboxtemplates", "SandboxTemplate")
+WARM_POOLS = Resource(EXT_GROUP, VERSION, "sandboxwarmpools", "SandboxWarmPool")
+CLAIMS = Resource(EXT_GROUP, VERSION, "sandboxclaims", "SandboxClaim")
+
+# The CRDs the claim mode needs, by their full names (what ``preflight`` looks up).
+CRDS = tuple(f"{r.plural}.{r.group}" for r in (SANDBOXES, TEMPLATES, WARM_POOLS, CLAIMS))
+
+_RUN_ID = re.compile(r"^[a-z0-9]([-a-z0-9]{0,30}[a-z0-9])?$")
+
+
+def check_run_id(run_id: str) -> str:
+    """A run id must be a valid label value and short enough to prefix object names."""
+    if not _RUN_ID.match(run_id):
+        raise ValueError(
+            f"run id {run_id!r} must be 1-32 lowercase letters, digits or '-', "
+            "starting and ending with a letter or digit"
+        )
+    return run_id
+
+
+def digest(obj: Any, length: int = 10) -> str:
+    """A short stable hash of a JSON-able object (names templates by their content)."""
+    blob = json.dumps(obj, sort_keys=True, separators=(",", ":")).encode()
+    return hashlib.sha256(blob).hexdigest()[:length]
+
+
+def owned_by(run_id: str) -> str:
+    """The label selector for every object one run created."""
+    return f"{LABEL_MANAGED}={MANAGED_BY},{LABEL_RUN}={run_id}"

@@ -1,0 +1,78 @@
+"""Reading claim and pod status: ready yet, failed for good, or still on its way.
+
+Terminal claim reasons are the ``Ready=False`` reasons upstream's claim controller does not
+recover from by itself, plus the pod phases that end a sandbox. Image pull failures and
+unschedulable pods do not show on the claim (its message only says the pod is not
+ready), so the backend reads the pod of a slow claim and asks ``pod_problem``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+Obj = dict[str, Any]
+
+TERMINAL_CLAIM_REASONS = frozenset({
+    "InvalidMetadata", "EnvVarsInjectionRejected", "VolumeClaimTemplatesError",
+    "ClaimExpired", "SandboxExpired", "TemplateNotFound", "WarmPoolNotFound",
+    "PodSucceeded", "PodFailed",
+})
+IMAGE_REASONS = frozenset({"ErrImagePull", "ImagePullBackOff", "InvalidImageName",
+                           "ErrImageNeverPull"})
+CRASH_REASONS = frozenset({"CrashLoopBackOff", "CreateContainerConfigError",
+                           "CreateContainerError", "RunContainerError"})
+
+
+@dataclass(frozen=True)
+class ClaimState:
+    ready: bool
+    terminal: bool
+    reason: str
+    message: str
+    sandbox: str
+
+
+def condition(obj: Obj, kind: str) -> Obj | None:
+    for cond in (obj.get("status") or {}).get("conditions") or []:
+        if cond.get("type") == kind:
+            return dict(cond)
+    return None
+
+
+def claim_state(claim: Obj) -> ClaimState:
+    ready = condition(claim, "Ready") or {}
+    sandbox = ((claim.get("status") or {}).get("sandbox") or {}).get("name") or ""
+    reason = str(ready.get("reason", ""))
+    return ClaimState(
+        ready=ready.get("status") == "True" and bool(sandbox),
+        terminal=ready.get("status") == "False" and reason in TERMINAL_CLAIM_REASONS,
+        reason=reason,
+        message=str(ready.get("message", "")),
+        sandbox=sandbox,
+    )
+
+
+def pod_ready(pod: Obj) -> bool:
+    status = pod.get("status") or {}
+    ready = condition(pod, "Ready") or {}
+    return (status.get("phase") == "Running" and ready.get("status") == "True"
+            and bool(status.get("podIP") or status.get("podIPs")))
+
+
+def pod_problem(pod: Obj) -> tuple[str, str] | None:
+    """("image" | "unschedulable" | "failed", message) for a pod that will not start."""
+    status = pod.get("status") or {}
+    if status.get("phase") in ("Failed", "Succeeded"):
+        return "failed", f"pod phase {status['phase']}: {status.get('message', '')}".strip()
+    for cs in status.get("containerStatuses") or []:
+        waiting = (cs.get("state") or {}).get("waiting") or {}
+        reason = waiting.get("reason", "")
+        if reason in IMAGE_REASONS:
+            return "image", f"{reason}: {waiting.get('message', '')}".strip()
+        if reason in CRASH_REASONS:
+            return "failed", f"{reason}: {waiting.get('message', '')}".strip()
+    scheduled = condition(pod, "PodScheduled") or {}
+    if scheduled.get("status") == "False" and scheduled.get("reason") == "Unschedulable":
+        return "unschedulable", str(scheduled.get("message", "Unschedulable"))
+    return None

@@ -1,0 +1,284 @@
+"""The cluster behind the emulator: a test-only agent-sandbox controller and kubelet.
+
+Controller, following upstream's documented behaviour (not its code):
+- a SandboxWarmPool keeps ``replicas`` warm Sandboxes (each with its pod, same name),
+  labelled with the pool and owned by it;
+- a SandboxClaim adopts a warm Sandbox of its pool, ready ones first, oldest first:
+  annotates the claim with ``agents.x-k8s.io/sandbox-name``, moves the Sandbox's
+  ownership from pool to claim, drops the pool label, sets ``launch-type=warm``; the pool
+  then replenishes. With no warm Sandbox it cold-starts one from the template. A claim on
+  a pool that does not exist gets ``Ready=False, reason WarmPoolNotFound``;
+- Sandbox ``Ready`` mirrors the pod (Running, Ready, with an IP), and the claim mirrors
+  its Sandbox's ``Ready`` plus ``status.sandbox.name``; deleting a claim deletes its
+  Sandbox and pod through owner references.
+
+Kubelet: each new pod is scheduled (unless its nodeSelector does not match
+``node_labels``: ``PodScheduled=False, Unschedulable``), then backed by a sandbox of the
+backing rollbox backend. An image the backend cannot find leaves the pod waiting in
+``ImagePullBackOff``; images in ``stall_images`` never become ready.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import secrets
+from typing import Any
+
+from rollbox.backend import Backend
+from rollbox.errors import ImageError, RollboxError
+from rollbox.sandbox import Sandbox
+from rollbox.spec import SandboxSpec
+
+from rollbox_kubernetes.testing.store import Conflict, Obj, Store
+
+CORE = "agents.x-k8s.io/v1beta1"
+POOL_LABEL = "agents.x-k8s.io/warm-pool"
+LAUNCH_LABEL = "agents.x-k8s.io/launch-type"
+SANDBOX_ANNOTATION = "agents.x-k8s.io/sandbox-name"
+
+
+def _owner(obj: Obj, kind: str) -> dict[str, Any]:
+    return {"apiVersion": obj.get("apiVersion", ""), "kind": kind,
+            "name": obj["metadata"]["name"], "uid": obj["metadata"]["uid"],
+            "controller": True}
+
+
+def _cond(kind: str, ok: bool, reason: str, message: str = "") -> Obj:
+    return {"type": kind, "status": "True" if ok else "False", "reason": reason,
+            "message": message}
+
+
+class FakeCluster:
+    def __init__(self, store: Store, backing: Backend, *,
+                 node_labels: dict[str, str]) -> None:
+        self.store = store
+        self.backing = backing
+        self.node_labels = node_labels
+        self.stall_images: set[str] = set()
+        self.sandboxes: dict[tuple[str, str], Sandbox] = {}
+        self.pods_started = 0
+        self._queue: asyncio.Queue[tuple[str, str, Obj]] = asyncio.Queue()
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._loop: asyncio.Task[None] | None = None
+        self._ips = 0
+
+    def start(self) -> None:
+        self.store.listeners.append(lambda kind, plural, obj: self._queue.put_nowait(
+            (kind, plural, obj)))
+        self._loop = asyncio.ensure_future(self._run())
+
+    async def stop(self) -> None:
+        if self._loop is not None:
+            self._loop.cancel()
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self._loop is not None:
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._loop
+        for sandbox in list(self.sandboxes.values()):
+            with contextlib.suppress(RollboxError, OSError):
+                await sandbox.close()
+        self.sandboxes.clear()
+        await self.backing.aclose()
+
+    def backing_sandbox(self, ns: str, pod: str) -> Sandbox | None:
+        return self.sandboxes.get((ns, pod))
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _run(self) -> None:
+        while True:
+            kind, plural, obj = await self._queue.get()
+            with contextlib.suppress(Conflict):
+                self._react(kind, plural, obj)
+
+    def _react(self, kind: str, plural: str, obj: Obj) -> None:
+        meta = obj["metadata"]
+        ns, name = meta["namespace"], meta["name"]
+        if plural == "pods":
+            if kind == "ADDED":
+                self._spawn(self._start_pod(ns, name))
+            elif kind == "DELETED":
+                sandbox = self.sandboxes.pop((ns, name), None)
+                if sandbox is not None:
+                    self._spawn(sandbox.close())
+            self._sync_sandbox(ns, name)
+        elif plural == "sandboxwarmpools" and kind != "DELETED":
+            self._fill_pool(ns, name)
+        elif plural == "sandboxes":
+            pool = (meta.get("labels") or {}).get(POOL_LABEL)
+            if pool and kind == "DELETED":
+                self._fill_pool(ns, pool)
+            self._sync_claims(ns, name)
+        elif plural == "sandboxclaims" and kind == "ADDED":
+            self._bind(obj)
+
+    # -- warm pools and claims ---------------------------------------------------------
+
+    def _new_sandbox(self, ns: str, template_name: str, owner: Obj, owner_kind: str,
+                     labels: dict[str, str]) -> Obj | None:
+        template = self.store.get("sandboxtemplates", ns, template_name)
+        if template is None:
+            return None
+        name = f"{template_name[:40]}-{secrets.token_hex(3)}"
+        pod_template = template["spec"]["podTemplate"]
+        sandbox = self.store.create("sandboxes", ns, {
+            "apiVersion": CORE, "kind": "Sandbox",
+            "metadata": {"name": name, "labels": labels,
+                         "ownerReferences": [_owner(owner, owner_kind)]},
+            "spec": {"podTemplate": pod_template},
+        })
+        self.store.create("pods", ns, {
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "labels": dict(pod_template.get("metadata", {})
+                                                      .get("labels") or {}),
+                         "ownerReferences": [_owner(sandbox, "Sandbox")]},
+            "spec": pod_template["spec"],
+        })
+        return sandbox
+
+    def _warm(self, ns: str, pool: str) -> list[Obj]:
+        return [s for s in self.store.list("sandboxes", ns)
+                if (s["metadata"].get("labels") or {}).get(POOL_LABEL) == pool]
+
+    def _fill_pool(self, ns: str, name: str) -> None:
+        pool = self.store.get("sandboxwarmpools", ns, name)
+        if pool is None:
+            return
+        missing = int(pool["spec"].get("replicas", 0)) - len(self._warm(ns, name))
+        template = pool["spec"]["sandboxTemplateRef"]["name"]
+        for _ in range(max(0, missing)):
+            self._new_sandbox(ns, template, pool, "SandboxWarmPool", {POOL_LABEL: name})
+
+    def _bind(self, claim: Obj) -> None:
+        ns, name = claim["metadata"]["namespace"], claim["metadata"]["name"]
+        pool_name = claim["spec"]["warmPoolRef"]["name"]
+        pool = self.store.get("sandboxwarmpools", ns, pool_name)
+        if pool is None:
+            self.store.patch("sandboxclaims", ns, name, {"status": {"conditions": [_cond(
+                "Ready", False, "WarmPoolNotFound",
+                f'SandboxWarmPool "{pool_name}" not found')]}})
+            return
+        warm = sorted(self._warm(ns, pool_name), key=lambda s: (
+            not self._ready(s), int(s["metadata"]["resourceVersion"])))
+        extra = (claim["spec"].get("additionalPodMetadata") or {}).get("labels") or {}
+        if warm:
+            chosen = warm[0]
+            labels = {k: v for k, v in (chosen["metadata"].get("labels") or {}).items()
+                      if k != POOL_LABEL}
+            labels.update({LAUNCH_LABEL: "warm", **extra})
+            sandbox = self.store.patch("sandboxes", ns, chosen["metadata"]["name"], {
+                "metadata": {"labels": {POOL_LABEL: None, **labels},
+                             "ownerReferences": [_owner(claim, "SandboxClaim")]}})
+            self._fill_pool(ns, pool_name)
+        else:
+            sandbox = self._new_sandbox(ns, pool["spec"]["sandboxTemplateRef"]["name"], claim,
+                                        "SandboxClaim", {LAUNCH_LABEL: "cold", **extra})
+        if sandbox is None:
+            self.store.patch("sandboxclaims", ns, name, {"status": {"conditions": [_cond(
+                "Ready", False, "TemplateNotFound", "SandboxTemplate not found")]}})
+            return
+        sandbox_name = sandbox["metadata"]["name"]
+        self.store.patch("sandboxclaims", ns, name, {
+            "metadata": {"annotations": {SANDBOX_ANNOTATION: sandbox_name}}})
+        self._sync_claims(ns, sandbox_name)
+
+    @staticmethod
+    def _ready(sandbox: Obj) -> bool:
+        for cond in (sandbox.get("status") or {}).get("conditions") or []:
+            if cond.get("type") == "Ready":
+                return bool(cond.get("status") == "True")
+        return False
+
+    def _sync_sandbox(self, ns: str, pod_name: str) -> None:
+        sandbox = self.store.get("sandboxes", ns, pod_name)
+        if sandbox is None:
+            return
+        pod = self.store.get("pods", ns, pod_name)
+        status = (pod or {}).get("status") or {}
+        ready = any(c.get("type") == "Ready" and c.get("status") == "True"
+                    for c in status.get("conditions") or [])
+        if pod is None:
+            message = "Pod does not exist"
+        elif ready and status.get("podIP"):
+            message = "Pod is Ready"
+        else:
+            message = f"Pod exists with phase: {status.get('phase', 'Pending')}"
+        ok = message == "Pod is Ready"
+        cond = _cond("Ready", ok, "DependenciesReady" if ok else "DependenciesNotReady", message)
+        old = (sandbox.get("status") or {}).get("conditions")
+        if old != [cond]:
+            self.store.patch("sandboxes", ns, pod_name, {"status": {
+                "conditions": [cond], "podIPs": [status["podIP"]] if ok else []}})
+
+    def _sync_claims(self, ns: str, sandbox_name: str) -> None:
+        sandbox = self.store.get("sandboxes", ns, sandbox_name)
+        if sandbox is None:
+            return
+        for ref in sandbox["metadata"].get("ownerReferences") or []:
+            if ref.get("kind") != "SandboxClaim":
+                continue
+            claim = self.store.get("sandboxclaims", ns, ref["name"])
+            if claim is None:
+                continue
+            conds = (sandbox.get("status") or {}).get("conditions") or [
+                _cond("Ready", False, "SandboxNotReady", "Sandbox is not ready")]
+            status = {"conditions": conds, "sandbox": {
+                "name": sandbox_name, "podIPs": (sandbox.get("status") or {}).get("podIPs")}}
+            if (claim.get("status") or {}) != status:
+                self.store.patch("sandboxclaims", ns, ref["name"], {"status": status})
+
+    # -- kubelet -----------------------------------------------------------------------
+
+    async def _start_pod(self, ns: str, name: str) -> None:
+        pod = self.store.get("pods", ns, name)
+        if pod is None:
+            return
+        spec = pod["spec"]
+        selector = spec.get("nodeSelector") or {}
+        if any(self.node_labels.get(k) != v for k, v in selector.items()):
+            self.store.patch("pods", ns, name, {"status": {"phase": "Pending", "conditions": [
+                _cond("PodScheduled", False, "Unschedulable",
+                      "0/1 nodes are available: 1 node(s) didn't match Pod's node "
+                      "affinity/selector.")]}})
+            return
+        container = spec["containers"][0]
+        self.store.patch("pods", ns, name, {"status": {"phase": "Pending", "conditions": [
+            _cond("PodScheduled", True, "")], "containerStatuses": [
+            {"name": container["name"], "ready": False,
+             "state": {"waiting": {"reason": "ContainerCreating"}}}]}})
+        image = container["image"]
+        if image in self.stall_images:
+            return
+        env = {e["name"]: e.get("value", "") for e in container.get("env") or []}
+        sandbox_spec = SandboxSpec(image=image, workdir=container.get("workingDir") or "/",
+                                   env=env)
+        try:
+            sandbox = await self.backing.create(sandbox_spec)
+        except ImageError as exc:
+            self.store.patch("pods", ns, name, {"status": {"containerStatuses": [
+                {"name": container["name"], "ready": False, "state": {"waiting": {
+                    "reason": "ImagePullBackOff",
+                    "message": f'Back-off pulling image "{image}": {exc.message}'}}}]}})
+            return
+        except RollboxError as exc:
+            self.store.patch("pods", ns, name, {"status": {"phase": "Failed",
+                                                           "message": exc.message}})
+            return
+        if self.store.get("pods", ns, name) is None:
+            await sandbox.close()
+            return
+        self.sandboxes[(ns, name)] = sandbox
+        self.pods_started += 1
+        self._ips += 1
+        ip = f"10.{(self._ips >> 16) & 255}.{(self._ips >> 8) & 255}.{self._ips & 255}"
+        self.store.patch("pods", ns, name, {"status": {
+            "phase": "Running", "podIP": ip, "podIPs": [{"ip": ip}],
+            "conditions": [_cond("PodScheduled", True, ""), _cond("Ready", True, "")],
+            "containerStatuses": [{"name": container["name"], "ready": True,
+                                   "state": {"running": {}}}]}})

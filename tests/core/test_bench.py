@@ -1,0 +1,95 @@
+"""rollbox bench on the fake backend: the JSON report, the CLI, chaos, the plot."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+from rollbox import cli
+from rollbox.bench import BenchConfig, ChaosRates, run_bench
+from rollbox.bench_cli import parse_chaos, render_table
+from rollbox.errors import UsageError
+
+SMALL = {"backend": "fake", "images": 8, "rollouts_per_task": 4, "concurrency": 2,
+         "padding_bytes": 0, "fake_create_delay_s": 0.01, "fake_exec_delay_s": 0.002}
+
+
+async def test_report_has_both_arms_and_adds_up() -> None:
+    report = await run_bench(BenchConfig(**SMALL))  # type: ignore[arg-type]
+    for arm in ("baseline", "rollbox"):
+        data = report["arms"][arm]
+        rollouts = data["rollouts"]
+        assert rollouts["requested"] == 32
+        assert rollouts["requested"] == rollouts["succeeded"] + rollouts["failed"]
+        assert set(data["ttfc_s"]) >= {"mean", "p50", "p99", "max"}
+        assert {"creations", "resets", "wall_s", "failed_by_kind"} <= set(data) | set(rollouts)
+        assert data["leaked_sandboxes"] == 0
+    base, ours = report["arms"]["baseline"], report["arms"]["rollbox"]
+    assert base["creations"] == 32 and base["resets"] == 0
+    assert ours["creations"] <= 8 and ours["resets"] >= 24
+    assert ours["ttfc_s"]["mean"] < base["ttfc_s"]["mean"]
+    assert report["ratios"]["creations"] >= 4
+    table = render_table(report)
+    assert "TTFC p99" in table and "every rollout accounted: yes" in table
+
+
+async def test_chaos_run_accounts_for_every_fault() -> None:
+    config = BenchConfig(**SMALL, chaos=ChaosRates(kill=0.1, hang=0.05, create_fail=0.05),  # type: ignore[arg-type]
+                         exec_timeout_s=0.01)
+    report = await run_bench(config)
+    for data in report["arms"].values():
+        assert data["rollouts"]["accounted"]
+        injected = data["chaos_injected"]
+        assert injected.get("killed", 0) > 0
+        kinds = data["rollouts"]["retried_by_kind"]
+        failed = data["rollouts"]["failed_by_kind"]
+        assert kinds.get("sandbox_lost", 0) + failed.get("sandbox_lost", 0) == injected["killed"]
+
+
+def test_cli_writes_strict_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "report.json"
+    code = cli.main(["bench", "--backend", "fake", "--images", "4", "--rollouts", "2",
+                     "--concurrency", "2", "--padding-mb", "0", "--json", str(out)])
+    captured = capsys.readouterr()
+    assert code == 0
+    assert "[rollbox] 8/8 rollouts" in captured.err  # progress goes to stderr
+    assert "TTFC mean" in captured.out
+    report = json.loads(out.read_text(), parse_constant=lambda c: pytest.fail(f"{c} in JSON"))
+    assert report["arms"]["baseline"]["rollouts"]["requested"] == 8
+
+
+def test_cli_plot(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    png = tmp_path / "ttfc.png"
+    code = cli.main(["bench", "--backend", "fake", "--images", "3", "--rollouts", "2",
+                     "--padding-mb", "0", "--quiet", "--plot", str(png)])
+    assert code == 0
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_plot_without_matplotlib_names_the_extra(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    code = cli.main(["bench", "--backend", "fake", "--plot", str(tmp_path / "x.png")])
+    assert code == 2
+    assert 'pip install "rollbox[plot]"' in capsys.readouterr().err
+
+
+def test_parse_chaos() -> None:
+    assert parse_chaos("kill=0.05,hang=0.01,create=0.02") == ChaosRates(0.05, 0.01, 0.02)
+    assert not parse_chaos(None).active
+    with pytest.raises(UsageError):
+        parse_chaos("explode=1")
+    with pytest.raises(UsageError):
+        parse_chaos("kill=lots")
+
+
+def test_default_capacity_is_smaller_than_the_corpus() -> None:
+    from rollbox.synthetic import SyntheticSource
+
+    config = BenchConfig()
+    source = SyntheticSource(config.images, padding_bytes=config.padding_bytes, kind="fake")
+    assert config.capacity(source) < source.corpus_bytes

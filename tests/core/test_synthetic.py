@@ -1,0 +1,87 @@
+"""The synthetic SWE-style task source."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+from rollbox.errors import UsageError
+from rollbox.pool import Pool
+from rollbox.runner import run_rollouts
+from rollbox.synthetic import REPO, Problem, SyntheticSource
+from rollbox.tasks import TaskSource, open_task_source
+
+
+def test_deterministic_for_a_seed() -> None:
+    a = SyntheticSource(3, seed=7, kind="fake", padding_bytes=64)
+    b = SyntheticSource(3, seed=7, kind="fake", padding_bytes=64)
+    c = SyntheticSource(3, seed=8, kind="fake", padding_bytes=64)
+    assert a.image_files(a.problems[1]) == b.image_files(b.problems[1])
+    assert a.image_files(a.problems[1]) != c.image_files(c.problems[1])
+    assert len({p.fixed for p in a.problems}) == 3  # distinct images
+
+
+def test_registered_and_opened_by_name() -> None:
+    source = open_task_source("synthetic", n_images=2, kind="fake")
+    assert isinstance(source, TaskSource)
+    assert [t.id for t in source.tasks()] == ["synthetic-00000", "synthetic-00001"]
+    with pytest.raises(UsageError):
+        open_task_source("no-such-source")
+
+
+async def test_scripted_policy_rewards_follow_the_patch() -> None:
+    source = SyntheticSource(10, kind="fake", padding_bytes=0, p_correct=0.5, seed=1)
+    async with Pool(source.fake_backend()) as pool:
+        report = await run_rollouts(pool, list(source.tasks()), 4, concurrency=4)
+    assert report.succeeded == 40
+    for result in report.results:
+        assert result.info["failing_before"] is True
+        assert result.reward == (1.0 if result.info["patch"] == "right" else 0.0)
+    assert 0 < report.mean_reward < 1
+
+
+def test_p_correct_extremes() -> None:
+    problem = Problem.make(0, 0)
+    src = SyntheticSource(1, kind="fake", p_correct=1.0)
+    policy = next(iter(src.tasks())).policy
+    assert policy is not None
+    assert all(policy.right_patch(i) for i in range(20))  # type: ignore[attr-defined]
+    assert problem.passes(problem.fixed) and not problem.passes(problem.wrong)
+    with pytest.raises(UsageError):
+        SyntheticSource(1, kind="fake", p_correct=2)
+    with pytest.raises(UsageError):
+        SyntheticSource(1, kind="local")  # no root
+
+
+@pytest.mark.skipif(shutil.which("git") is None or shutil.which("python3") is None,
+                    reason="needs git and python3")
+def test_repository_is_real_git_with_a_failing_test_and_its_fix(tmp_path: Path) -> None:
+    source = SyntheticSource(1, kind="fake", padding_bytes=0)
+    for path, data in source.image_files(source.problems[0]).items():
+        dest = tmp_path / path.lstrip("/")
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        dest.write_bytes(data)
+    repo = tmp_path / REPO.lstrip("/")
+
+    def run(*cmd: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(cmd, cwd=repo, capture_output=True, text=True, timeout=30)
+
+    assert run("git", "fsck", "--strict").returncode == 0
+    assert run("git", "status", "--porcelain").stdout == ""
+    assert run("python3", "-B", "test_solution.py").returncode == 1
+    assert "solution.py" in run("git", "diff", "--stat", "main", "fix").stdout
+    assert run("git", "-c", "advice.detachedHead=false", "checkout", "-q", "fix").returncode == 0
+    assert run("python3", "-B", "test_solution.py").returncode == 0
+
+
+def test_local_layouts_are_written(tmp_path: Path) -> None:
+    pytest.importorskip("rollbox_local.oci_build")
+    source = SyntheticSource(2, root=tmp_path, padding_bytes=1024)
+    paths = source.build()
+    assert all((p / "index.json").is_file() and (p / "oci-layout").is_file() for p in paths)
+    stamp = [(p / "index.json").stat().st_mtime_ns for p in paths]
+    assert source.build() == paths  # complete layouts are reused, not rewritten
+    assert [(p / "index.json").stat().st_mtime_ns for p in paths] == stamp
+    assert next(iter(source.tasks())).spec.image == str(paths[0])

@@ -1,0 +1,176 @@
+"""Throttling, server errors, dropped watches, claims that never become ready, bad input:
+each ends in a clear error or a success, and nothing is left behind."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+import pytest
+from rollbox.errors import BackendUnavailableError, CreateFailedError, ImageNotFoundError
+from rollbox.spec import SandboxSpec, Timeouts
+from rollbox_kubernetes import ApiError, KubernetesBackend
+from rollbox_kubernetes.testing import ApiServerEmulator
+
+BackendFactory = Callable[..., KubernetesBackend]
+
+
+def assert_nothing_left(emulator: ApiServerEmulator, *plurals: str) -> None:
+    for plural in plurals or ("sandboxclaims", "pods", "sandboxes"):
+        assert emulator.store.list(plural, "default") == [], plural
+
+
+async def test_429_storm_pauses_every_caller_for_retry_after(
+        make_backend: BackendFactory, emulator: ApiServerEmulator, spec: SandboxSpec) -> None:
+    backend = make_backend()
+    await backend.create(spec)  # template and pool exist now
+    emulator.inject(429, 6, retry_after=0.3)
+    emulator.stamps.clear()
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    sandboxes = await asyncio.gather(*(backend.create(spec) for _ in range(3)))
+    assert len(sandboxes) == 3
+    assert loop.time() - started >= 0.3 * 2  # at least two Retry-After pauses were waited
+    assert backend.stats.retries["429"] == 6
+    # after the last 429 the server saw nothing for the Retry-After pause
+    last = max(emulator.fault_stamps)
+    assert min(s for s in emulator.stamps if s > last) - last >= 0.29
+
+
+async def test_500s_are_retried_for_idempotent_calls(
+        make_backend: BackendFactory, emulator: ApiServerEmulator, spec: SandboxSpec) -> None:
+    backend = make_backend(warm_replicas=0)
+    emulator.inject(500, 2, verbs={"create"})
+    emulator.inject(503, 2, verbs={"delete"})
+    sandbox = await backend.create(spec)
+    assert (await sandbox.exec("echo ok")).stdout == b"ok\n"
+    await sandbox.close()
+    assert backend.stats.retries["500"] == 2 and backend.stats.retries["503"] == 2
+    await asyncio.sleep(0.05)
+    assert_nothing_left(emulator)
+
+
+async def test_retried_create_that_had_succeeded_is_not_duplicated(
+        make_backend: BackendFactory, emulator: ApiServerEmulator) -> None:
+    backend = make_backend()
+    client = await backend.connect()
+    from rollbox_kubernetes.resources import PODS
+
+    body = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p1"},
+            "spec": {"containers": [{"name": "sandbox", "image": "x"}]}}
+    emulator.inject(500, 1, verbs={"create"}, after=True)  # created, but the answer is lost
+    created = await client.create(PODS, "default", body)
+    assert created["metadata"]["name"] == "p1"
+    assert len(emulator.store.list("pods", "default")) == 1
+    assert backend.stats.by_verb["create"] == 2 and backend.stats.by_verb["get"] == 1
+    with pytest.raises(ApiError) as info:  # a 409 on the first try is a real conflict
+        await client.create(PODS, "default", body)
+    assert info.value.status == 409
+    await client.delete(PODS, "default", "p1")
+
+
+async def test_dropped_watches_resume_from_last_resource_version(
+        make_backend: BackendFactory, emulator: ApiServerEmulator, spec: SandboxSpec) -> None:
+    backend = make_backend(warm_replicas=0)
+    emulator.cluster.stall_images.add(spec.image)
+    task = asyncio.ensure_future(backend.create(spec))
+    for _ in range(3):
+        await asyncio.sleep(0.2)
+        emulator.drop_watches()
+    emulator.cluster.stall_images.clear()
+    # let the stalled pod start now: recreate it through the kubelet path
+    (pod,) = emulator.store.list("pods", "default")
+    await emulator.cluster._start_pod("default", pod["metadata"]["name"])
+    sandbox = await asyncio.wait_for(task, 10)
+    assert (await sandbox.exec("echo back")).stdout == b"back\n"
+    assert backend.stats.by_verb["watch"] >= 3
+
+
+async def test_claim_that_never_becomes_ready_times_out_cleanly(
+        make_backend: BackendFactory, emulator: ApiServerEmulator, spec: SandboxSpec) -> None:
+    backend = make_backend(warm_replicas=0)
+    emulator.cluster.stall_images.add(spec.image)
+    slow = spec.replace(timeouts=Timeouts(create_s=1.0))
+    with pytest.raises(CreateFailedError, match=r"ready within 1.0s"):
+        await backend.create(slow)
+    await asyncio.sleep(0.05)
+    assert_nothing_left(emulator)
+
+
+async def test_image_pull_failure_is_reported_within_seconds(
+        make_backend: BackendFactory, emulator: ApiServerEmulator) -> None:
+    backend = make_backend(warm_replicas=0, probe_after_s=0.2)
+    bad = SandboxSpec(image="registry.invalid/nope:1", timeouts=Timeouts(create_s=30))
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    with pytest.raises(ImageNotFoundError, match="ImagePullBackOff"):
+        await backend.create(bad)
+    assert loop.time() - started < 5
+    await asyncio.sleep(0.05)
+    assert_nothing_left(emulator)
+
+
+async def test_image_pull_failure_in_pod_mode(make_backend: BackendFactory,
+                                              emulator: ApiServerEmulator) -> None:
+    backend = make_backend(mode="pod")
+    with pytest.raises(ImageNotFoundError):
+        await backend.create(SandboxSpec(image="registry.invalid/nope:1"))
+    await asyncio.sleep(0.05)
+    assert_nothing_left(emulator, "pods")
+
+
+async def test_unschedulable_template(make_backend: BackendFactory,
+                                      emulator: ApiServerEmulator, spec: SandboxSpec) -> None:
+    backend = make_backend(warm_replicas=0, node_selector={"pool": "gpu"},
+                           unschedulable_grace_s=0.3, probe_after_s=0.2)
+    with pytest.raises(CreateFailedError, match=r"cannot be scheduled.*nodeSelector"):
+        await backend.create(spec)
+    await asyncio.sleep(0.05)
+    assert_nothing_left(emulator)
+
+
+async def test_missing_namespace(make_backend: BackendFactory, spec: SandboxSpec) -> None:
+    with pytest.raises(BackendUnavailableError, match="kubectl create namespace nowhere"):
+        await make_backend(namespace="nowhere").create(spec)
+
+
+async def test_missing_crds(make_backend: BackendFactory, emulator: ApiServerEmulator,
+                            spec: SandboxSpec) -> None:
+    emulator.crds = False
+    with pytest.raises(BackendUnavailableError, match="agent-sandbox CRDs"):
+        await make_backend().create(spec)
+
+
+async def test_rbac_forbidden(make_backend: BackendFactory, emulator: ApiServerEmulator,
+                              spec: SandboxSpec) -> None:
+    backend = make_backend()
+    await backend.create(spec)
+    emulator.forbidden.add(("create", "sandboxclaims"))
+    with pytest.raises(BackendUnavailableError, match=r"forbidden.*rollbox k8s render"):
+        await backend.create(spec)
+
+
+async def test_no_kubeconfig(tmp_path: object, monkeypatch: pytest.MonkeyPatch,
+                             spec: SandboxSpec) -> None:
+    monkeypatch.setenv("KUBECONFIG", "/nonexistent/kubeconfig")
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    backend = KubernetesBackend(run_id="t")
+    with pytest.raises(BackendUnavailableError, match="KUBECONFIG"):
+        await backend.create(spec)
+
+
+async def test_claim_on_missing_pool_fails_fast(make_backend: BackendFactory,
+                                                emulator: ApiServerEmulator,
+                                                spec: SandboxSpec) -> None:
+    backend = make_backend()
+    emulator.forbidden.add(("create", "sandboxwarmpools"))
+    backend._owned.clear()
+    from rollbox_kubernetes import render
+    from rollbox_kubernetes.resources import CLAIMS
+
+    client = await backend.connect()
+    key = render.spec_key(spec, backend.options)
+    created = await client.create(CLAIMS, "default",
+                                  render.claim("c-missing", "no-such-pool", key, backend.options))
+    with pytest.raises(CreateFailedError, match="WarmPoolNotFound"):
+        await backend._await_claim("c-missing", created, spec)
