@@ -3,6 +3,7 @@ escape attempt, on this machine."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -27,6 +28,7 @@ class TestLocalConformance(BackendTests):
         current = sandbox._current
         assert current is not None
         current.signal_kill()
+        await asyncio.wait([current.agent.exited, current.instance.exited])
 
     async def inject_create_failure(self, backend: Backend) -> None:
         """The next create runs a bwrap that does not exist; later ones are normal."""

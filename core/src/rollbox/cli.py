@@ -8,11 +8,12 @@ import os
 import sys
 from collections.abc import Sequence
 
-from rollbox.errors import ExecTimeoutError, RollboxError
-from rollbox.plugins import backend_class, backends, commands, get_plugin_manager
+from rollbox.errors import CommandNotFoundError, ExecTimeoutError, RollboxError
+from rollbox.plugins import backend_class, backend_names, commands, get_plugin_manager
 from rollbox.spec import Network, SandboxSpec, Timeouts
 
-EXIT_TIMEOUT = 124
+EXIT_TIMEOUT = 124  # as timeout(1)
+EXIT_NOT_FOUND = 127  # as a shell
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -90,6 +91,9 @@ async def _run(backend_name: str, spec: SandboxSpec, cmd: list[str]) -> int:
                     sys.stdout.buffer.write(result.stdout)
                     sys.stderr.buffer.write(result.stderr)
                     code = result.exit_code
+            except CommandNotFoundError as exc:
+                print(f"rollbox: {exc.message}", file=sys.stderr)
+                return EXIT_NOT_FOUND
             except ExecTimeoutError as exc:
                 sys.stdout.buffer.write(exc.stdout)
                 sys.stderr.buffer.write(exc.stderr)
@@ -104,7 +108,7 @@ def configure_doctor(parser: argparse.ArgumentParser) -> None:
 
 def doctor(args: argparse.Namespace) -> int:
     pm = get_plugin_manager()
-    print(f"backends installed: {', '.join(sorted(backends(pm)))}")
+    print(f"backends installed: {', '.join(backend_names(pm))}")
     checks = backend_class(pm, args.backend).doctor()
     failed = False
     for check in checks:

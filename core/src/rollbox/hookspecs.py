@@ -12,7 +12,7 @@ returns.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeAlias, Union
 
 import pluggy
 
@@ -23,18 +23,23 @@ if TYPE_CHECKING:
     from rollbox.results import RolloutResult
     from rollbox.spec import SandboxSpec
 
+BackendRef: TypeAlias = Union["type[Backend]", Callable[[], "type[Backend]"]]
+"""What ``register`` takes for a backend: its class, or a zero-argument function that
+imports and returns it (so a heavy plugin costs nothing until its backend is used)."""
+
 PROJECT = "rollbox"
 hookspec = pluggy.HookspecMarker(PROJECT)
 hookimpl = pluggy.HookimplMarker(PROJECT)
 
 
 @hookspec
-def rollbox_register_backends(register: Callable[[str, type[Backend]], None]) -> None:
+def rollbox_register_backends(register: Callable[[str, BackendRef], None]) -> None:
     """Register backend classes by name.
 
     Called once per plugin manager, when backends are first looked up.
-    ``register(name, backend_class)``; a name registered twice is a PluginError.
-    Returns nothing.
+    ``register(name, backend_class)``; ``backend_class`` may also be a zero-argument
+    function returning the class, called only when that backend is looked up by name.
+    A name registered twice is a PluginError. Returns nothing.
     """
 
 

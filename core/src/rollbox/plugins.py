@@ -3,6 +3,10 @@
 Plugins are found through the entry-point group ``rollbox``; tests register fakes with
 ``pm.register(obj)``. ``check_pending()`` runs at creation so a misspelt hook
 implementation fails loudly instead of being ignored.
+
+A backend may be registered lazily, as a zero-argument function returning its class, so
+a plugin with heavy dependencies costs nothing until that backend is used: every
+``rollbox`` command loads every plugin, but resolves only the backend it runs.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from rollbox.errors import PluginError, UnknownBackendError
 if TYPE_CHECKING:
     from rollbox.backend import Backend
     from rollbox.cli_commands import Command
+    from rollbox.hookspecs import BackendRef
 
 T = TypeVar("T")
 
@@ -55,18 +60,40 @@ def _collect(hook: Callable[..., object], what: str) -> dict[str, T]:
     return found
 
 
-def backends(pm: pluggy.PluginManager) -> dict[str, type[Backend]]:
-    """Every registered backend class, by name."""
+def _registered_backends(pm: pluggy.PluginManager) -> dict[str, BackendRef]:
     return _collect(pm.hook.rollbox_register_backends, "backend")
 
 
+def _resolve(name: str, ref: BackendRef) -> type[Backend]:
+    """The class behind a registration: the class itself, or what a lazy factory returns."""
+    if isinstance(ref, type):
+        return ref
+    try:
+        return ref()
+    except ImportError as exc:
+        raise PluginError(
+            f"the backend {name!r} failed to load ({exc}); reinstall its package"
+        ) from exc
+
+
+def backend_names(pm: pluggy.PluginManager) -> list[str]:
+    """Every registered backend's name, sorted, without importing any backend."""
+    return sorted(_registered_backends(pm))
+
+
+def backends(pm: pluggy.PluginManager) -> dict[str, type[Backend]]:
+    """Every registered backend class, by name (imports every backend)."""
+    return {name: _resolve(name, ref) for name, ref in _registered_backends(pm).items()}
+
+
 def backend_class(pm: pluggy.PluginManager, name: str) -> type[Backend]:
-    found = backends(pm)
+    """The backend class called ``name``; only that backend is imported."""
+    found = _registered_backends(pm)
     if name not in found:
         known = ", ".join(sorted(found)) or "none"
         hint = ' (pip install "rollbox[kubernetes]")' if name == "kubernetes" else ""
         raise UnknownBackendError(f"no backend named {name!r}{hint}; installed: {known}")
-    return found[name]
+    return _resolve(name, found[name])
 
 
 def pool_policies(pm: pluggy.PluginManager) -> dict[str, type[object]]:

@@ -6,11 +6,14 @@ import argparse
 import asyncio
 import os
 import sys
+from typing import TYPE_CHECKING
 
 from rollbox.spec import Network, Resources, SandboxSpec
 
 from rollbox_kubernetes import render
-from rollbox_kubernetes.backend import KubernetesBackend
+
+if TYPE_CHECKING:
+    from rollbox_kubernetes.backend import KubernetesBackend
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -80,6 +83,8 @@ def _render(args: argparse.Namespace) -> int:
 
 
 def _backend(args: argparse.Namespace) -> KubernetesBackend:
+    from rollbox_kubernetes.backend import KubernetesBackend  # heavy: only to connect
+
     return KubernetesBackend(namespace=args.namespace, run_id=args.run_id, host=args.host,
                              kubeconfig=args.kubeconfig, context=args.context)
 

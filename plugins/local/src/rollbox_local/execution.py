@@ -128,6 +128,14 @@ class Execution:
             self.captures[name].add(chunk)
 
     def _status_line(self, line: str) -> None:
+        """Parse one line from the agent. The agent runs inside the sandbox, so a line
+        that makes no sense is ignored rather than trusted."""
+        try:
+            self._parse_status(line)
+        except ValueError:
+            return
+
+    def _parse_status(self, line: str) -> None:
         tag, _, rest = line.partition(" ")
         st = self.status
         if tag == "S":

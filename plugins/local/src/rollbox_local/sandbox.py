@@ -332,6 +332,8 @@ class LocalProcess(Process):
         self._budget = {"stdout": request.output_limit, "stderr": request.output_limit}
         self.truncated = False
         self._code: int | None = None
+        # Enforces the timeout from the start, whether or not anyone is waiting yet.
+        self._watchdog = asyncio.ensure_future(sandbox._await_end(self._ex, request))
 
     def _chunk(self, stream: str, data: bytes) -> None:
         room = self._budget[stream]
@@ -365,7 +367,7 @@ class LocalProcess(Process):
     async def wait(self) -> int:
         if self._code is None:
             try:
-                await self._sandbox._await_end(self._ex, self._request)
+                await asyncio.shield(self._watchdog)
             finally:
                 self._ex.drain()
             self._code = await self._sandbox._exit_code(self._ex, self._request)

@@ -1,0 +1,347 @@
+"""What is specific to the local (bubblewrap) backend and not in the conformance suite:
+host networking, images laid over the host, the sandbox's identity files, seccomp, the
+agent as an unkillable init, the fate of writable layers, snapshot chains, bad input.
+
+Every test runs real sandboxes on this machine (fixtures in conftest.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+import socket
+import time
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+
+import pytest
+from rollbox import SandboxSpec
+from rollbox.errors import (
+    CommandNotFoundError,
+    ImageError,
+    ImageNotFoundError,
+    ImageStoreFullError,
+    InvalidSpecError,
+)
+from rollbox.spec import Network, Resources
+from rollbox_local import LocalBackend, LocalSandbox
+from rollbox_local.oci_build import write_oci_layout
+
+HOST = SandboxSpec(image="host")
+
+
+@pytest.fixture
+async def sandbox(backend: LocalBackend) -> AsyncIterator[LocalSandbox]:
+    sandbox = await backend.create(HOST)
+    try:
+        yield sandbox
+    finally:
+        await sandbox.close()
+
+
+async def eventually(condition: Callable[[], bool], what: str, within: float = 5.0) -> None:
+    deadline = time.monotonic() + within
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not within {within}s: {what}")
+        await asyncio.sleep(0.02)
+
+
+# -- network -------------------------------------------------------------------------------
+
+
+async def test_network_host_reaches_a_listener_on_host_loopback(backend: LocalBackend) -> None:
+    token = secrets.token_hex(8).encode()
+    received: list[bytes] = []
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        received.append(await reader.readline())
+        writer.write(token + b"\n")
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    code = (
+        "import socket\n"
+        f"s = socket.create_connection(('127.0.0.1', {port}), timeout=5)\n"
+        "s.sendall(b'hello from inside\\n')\n"
+        "print(s.makefile().readline().strip())\n"
+    )
+    try:
+        async with await backend.create(HOST.replace(network=Network.HOST)) as sandbox:
+            result = await sandbox.exec(["python3", "-c", code], timeout=20)
+    finally:
+        server.close()
+        await server.wait_closed()
+    assert result.exit_code == 0, result.stderr
+    assert result.stdout.strip() == token
+    assert received == [b"hello from inside\n"]
+
+
+# -- images ----------------------------------------------------------------------------------
+
+
+async def test_oci_image_over_host_sees_repo_host_usr_and_image_env(
+    backend: LocalBackend, tmp_path: Path
+) -> None:
+    layout = write_oci_layout(
+        tmp_path / "swe-task",
+        {"repo/README": b"task repo\n", "repo/run.py": b"print('ran from /repo')\n",
+         "repo/bin/check": (b"#!/bin/sh\necho checked $TASK_NAME\n", 0o755)},
+        base_host=True,
+        env={"TASK_NAME": "astropy-1234", "PYTHONDONTWRITEBYTECODE": "1"},
+        workdir="/repo",
+    )
+    async with await backend.create(SandboxSpec(image=str(layout), workdir="/repo")) as sandbox:
+        assert sandbox.base_env == {"TASK_NAME": "astropy-1234", "PYTHONDONTWRITEBYTECODE": "1"}
+        listing = await sandbox.exec("ls /repo && cat README && python3 run.py && bin/check")
+        assert listing.exit_code == 0, listing.stderr
+        assert listing.text.splitlines() == [
+            "README", "bin", "run.py", "task repo", "ran from /repo", "checked astropy-1234"]
+        # the host's /usr, not a copy: the same python3 as on the host, read-only
+        host_python = Path("/usr/bin/python3").resolve().name
+        usr = await sandbox.exec("readlink -f /usr/bin/python3; touch /usr/rbx 2>&1; echo $?")
+        lines = usr.text.splitlines()
+        assert Path(lines[0]).name == host_python
+        assert "Read-only file system" in lines[1] and lines[2] == "1"
+        # the call's env overrides the image's
+        override = await sandbox.exec("echo $TASK_NAME", env={"TASK_NAME": "other"})
+        assert override.text == "other\n"
+
+
+async def test_image_without_a_shell_says_so(backend: LocalBackend, tmp_path: Path) -> None:
+    layout = write_oci_layout(tmp_path / "data-only", {"data/answer": b"42"})
+    async with await backend.create(SandboxSpec(image=str(layout))) as sandbox:
+        with pytest.raises(CommandNotFoundError) as caught:
+            await sandbox.exec("echo hi")
+        assert "/bin/sh" in caught.value.message
+        assert str(layout) in caught.value.message
+        assert not caught.value.retryable
+        # the image is there all the same, and nothing of the host is
+        assert await sandbox.read_file("/data/answer") == b"42"
+        with pytest.raises(CommandNotFoundError):
+            await sandbox.exec(["/usr/bin/python3", "-c", "pass"])
+        assert await sandbox.ping()
+
+
+# -- the filesystem and identity the sandbox sees --------------------------------------------
+
+
+async def test_host_system_dirs_are_read_only(sandbox: LocalSandbox) -> None:
+    targets = ["/usr/rbx", "/bin/rbx", "/lib/rbx", "/etc/ssl/rbx", "/etc/passwd", "/etc/hosts"]
+    script = "".join(f"( : > {t} ) 2>/dev/null && echo WROTE {t}\n" for t in targets)
+    result = await sandbox.exec(script + "touch /new-at-root && echo root-writable")
+    assert result.text == "root-writable\n", result.text
+    # and only in the sandbox's own layer: the host has no such file
+    assert not Path("/new-at-root").exists()
+
+
+async def test_identity_files_show_only_root_and_nobody(sandbox: LocalSandbox) -> None:
+    result = await sandbox.exec(
+        "cut -d: -f1 /etc/passwd; echo --; cut -d: -f1 /etc/group; echo --; "
+        "id -u; id -un; uname -n; hostname")
+    assert result.text.split("--\n") == ["root\nnobody\n", "root\nnogroup\n",
+                                          "0\nroot\nrollbox\nrollbox\n"]
+
+
+async def test_home_and_private_host_dirs_are_absent(sandbox: LocalSandbox) -> None:
+    result = await sandbox.exec("for d in /home /root /var /srv /opt /mnt /work; do "
+                                "[ -e $d ] && ls -A $d | head -3 | sed \"s|^|$d: |\"; done; "
+                                "echo done")
+    assert result.text == "done\n", result.text
+
+
+# -- seccomp, capabilities, no_new_privs -----------------------------------------------------
+
+SECCOMP_PROBE = """\
+import ctypes, errno, os, platform
+libc = ctypes.CDLL(None, use_errno=True)
+libc.syscall.restype = ctypes.c_long
+KEYCTL = {"x86_64": 250, "aarch64": 219}[platform.machine()]
+CLONE_NEWUSER, CLONE_NEWNS, CLONE_NEWNET = 0x10000000, 0x00020000, 0x40000000
+
+def errname(ret):
+    return "OK" if ret >= 0 else errno.errorcode[ctypes.get_errno()]
+
+# keyctl(KEYCTL_GET_KEYRING_ID, KEY_SPEC_SESSION_KEYRING, create=1): no privilege needed
+print("keyctl", errname(libc.syscall(KEYCTL, 0, -3, 1)))
+print("mount", errname(libc.mount(b"none", b"/tmp", b"tmpfs", 0, None)))
+for name, flag in (("user", CLONE_NEWUSER), ("mnt", CLONE_NEWNS), ("net", CLONE_NEWNET)):
+    print("unshare-" + name, errname(libc.unshare(flag)))
+print("getppid", errname(os.getppid()))
+status = dict(line.split(":", 1) for line in open("/proc/self/status"))
+for key in ("Seccomp", "NoNewPrivs", "CapEff", "CapPrm", "CapBnd", "CapAmb"):
+    print(key, status[key].strip())
+"""
+
+
+async def test_seccomp_refuses_keyctl_mount_unshare_with_eperm(sandbox: LocalSandbox) -> None:
+    result = await sandbox.exec(["python3", "-c", SECCOMP_PROBE], timeout=20)
+    assert result.exit_code == 0, result.stderr
+    seen = dict(line.split(" ", 1) for line in result.text.splitlines())
+    # keyctl needs no privilege and unshare(CLONE_NEWUSER) would give ENOSPC (bwrap's
+    # --disable-userns): EPERM for both can only come from the seccomp filter.
+    assert seen == {
+        "keyctl": "EPERM", "mount": "EPERM", "unshare-user": "EPERM",
+        "unshare-mnt": "EPERM", "unshare-net": "EPERM", "getppid": "OK",
+        "Seccomp": "2", "NoNewPrivs": "1", "CapEff": "0" * 16, "CapPrm": "0" * 16,
+        "CapBnd": "0" * 16, "CapAmb": "0" * 16,
+    }
+
+
+# -- the agent is the init of the sandbox's pid namespace ------------------------------------
+
+
+@pytest.mark.parametrize("killer", ["kill -9 -1", "pkill -9 -f python; pkill -9 -f _agent"])
+async def test_agent_survives_kill_everything_from_inside(
+    sandbox: LocalSandbox, killer: str
+) -> None:
+    await sandbox.exec("sleep 300 & sleep 301 &")
+    agent_pid = sandbox._live().agent.pid
+    await sandbox.exec(killer, timeout=20)  # kills its own shell too: any exit code
+    after = await sandbox.exec("echo alive; ps -e -o comm= | sort", timeout=20)
+    assert after.exit_code == 0 and after.text.startswith("alive\n")
+    assert "sleep" not in after.text, "kill -9 from inside missed the sandbox's processes"
+    assert await sandbox.ping()
+    assert sandbox._live().agent.pid == agent_pid, "the agent was replaced, not spared"
+
+
+# -- writable layers: reset, close ---------------------------------------------------------------
+
+
+async def test_reset_removes_the_old_layer_in_the_background(backend: LocalBackend) -> None:
+    sandbox = await backend.create(HOST)
+    await sandbox.exec("mkdir -p /tmp/many && cd /tmp/many && "
+                       "for i in $(seq 200); do echo $i > f$i; done")
+    old = sandbox._live()
+    assert len(list((old.upper / "tmp" / "many").iterdir())) == 200
+    await sandbox.reset()
+    fresh = sandbox._live()
+    assert fresh.upper != old.upper and not any(fresh.upper.iterdir())
+    await eventually(lambda: not old.upper.exists() and not old.work.exists(),
+                     "the old generation's layer is deleted")
+    assert (await sandbox.exec("ls /tmp")).text == ""
+    directory = sandbox.directory
+    await sandbox.close()
+    assert not directory.exists()
+    assert await backend.leftovers() == []
+
+
+async def test_close_while_a_standby_boots_leaves_nothing(backend: LocalBackend) -> None:
+    sandbox = await backend.create(HOST)
+    await sandbox.exec("true")  # an exec starts booting the next generation
+    assert sandbox._standby is not None
+    await sandbox.close()
+    assert await backend.leftovers() == []
+    assert list((backend.state_dir / "sandboxes").iterdir()) == []
+
+
+# -- snapshots and forks -------------------------------------------------------------------------
+
+
+async def test_snapshot_fork_chain_keeps_files_and_drop_removes_layers(
+    backend: LocalBackend,
+) -> None:
+    snapshots_dir = backend.state_dir / "snapshots"
+    first = await backend.create(HOST)
+    await first.exec("mkdir -p /work && echo one > /work/a && echo gone > /work/del")
+    snap1 = await first.snapshot()
+    await first.close()
+
+    second = await backend.fork(snap1)
+    await second.exec("echo two > /work/b && rm /work/del && echo changed > /work/a")
+    snap2 = await second.snapshot()
+    third = await backend.fork(snap2)
+    try:
+        listing = await third.exec("cd /work && for f in *; do echo $f=$(cat $f); done")
+        assert listing.text == "a=changed\nb=two\n"
+        assert (await backend.fork(snap1).__aenter__()).id  # the first snapshot still forks
+    finally:
+        await second.close()
+        await third.close()
+    assert (snapshots_dir / snap1.id).is_dir() and (snapshots_dir / snap2.id).is_dir()
+
+    await backend.drop_snapshot(snap2)
+    assert not (snapshots_dir / snap2.id).exists()
+    with pytest.raises(ImageError, match=snap2.id):
+        await backend.fork(snap2)
+    await backend.drop_snapshot(snap1)
+    assert list(snapshots_dir.iterdir()) == []
+    await backend.aclose()
+    assert await backend.leftovers() == []
+
+
+async def test_fork_of_a_snapshot_whose_parent_was_dropped_fails_cleanly(
+    backend: LocalBackend,
+) -> None:
+    async with await backend.create(HOST) as sandbox:
+        await sandbox.write_file("/tmp/a", b"1")
+        parent = await sandbox.snapshot()
+    async with await backend.fork(parent) as child:
+        await child.write_file("/tmp/b", b"2")
+        grandchild = await child.snapshot()
+    await backend.drop_snapshot(parent)  # the grandchild snapshot lies on this layer
+    with pytest.raises(ImageError, match="gone"):
+        await backend.fork(grandchild)
+    await backend.drop_snapshot(grandchild)
+    assert await backend.leftovers() == []
+
+
+# -- bad input -------------------------------------------------------------------------------------
+
+
+async def test_unknown_image_names_the_ref(backend: LocalBackend, tmp_path: Path) -> None:
+    for ref in ("no-such-image:1", str(tmp_path / "missing-layout")):
+        with pytest.raises(ImageNotFoundError) as caught:
+            await backend.create(SandboxSpec(image=ref))
+        assert ref in caught.value.message
+    assert await backend.leftovers() == []
+
+
+@pytest.mark.parametrize("bad", [
+    {"image": ""}, {"workdir": "relative/dir"}, {"network": "bridge"},
+    {"env": {"A=B": "x"}}, {"resources": "lots"},
+])
+def test_invalid_specs_are_refused_before_any_backend(bad: dict[str, object]) -> None:
+    if bad.get("resources") == "lots":
+        with pytest.raises(InvalidSpecError):
+            Resources(memory_mb=0)
+        return
+    with pytest.raises(InvalidSpecError):
+        SandboxSpec(**bad)  # type: ignore[arg-type]
+
+
+async def test_full_image_store_through_create(state_dir: Path, tmp_path: Path) -> None:
+    blob = secrets.token_bytes(300_000)  # incompressible: the same size unpacked
+    first = write_oci_layout(tmp_path / "first", {"blob": blob}, base_host=True)
+    second = write_oci_layout(tmp_path / "second", {"blob": blob[::-1]}, base_host=True)
+    backend = LocalBackend(state_dir=state_dir, image_capacity_bytes=500_000)
+    try:
+        holder = await backend.create(SandboxSpec(image=str(first)))
+        with pytest.raises(ImageStoreFullError) as caught:
+            await backend.create(SandboxSpec(image=str(second)))
+        assert caught.value.retryable
+        assert (await holder.exec("wc -c < /blob")).text.strip() == "300000"
+        assert backend.live_sandboxes == 1
+        await holder.close()  # unpins the first image: the second now evicts it
+        async with await backend.create(SandboxSpec(image=str(second))) as sandbox:
+            assert await sandbox.read_file("/blob") == blob[::-1]
+    finally:
+        await backend.aclose()
+    assert await backend.leftovers() == []
+
+
+def test_sandbox_user_cannot_reach_a_private_state_dir(tmp_path: Path) -> None:
+    private = tmp_path / "private"
+    private.mkdir(mode=0o700)
+    tmp_path.chmod(0o700)
+    with pytest.raises(Exception, match="cannot reach") as caught:
+        LocalBackend(state_dir=private / "home")
+    assert "ROLLBOX_HOME" in str(caught.value)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
