@@ -147,6 +147,8 @@ def _spawn_bwrap(req: dict[str, Any], fds: list[int]) -> None:
         os.dup2(null, 0)
         os.dup2(null, 1)
         os.closerange(5, 65536)
+        if req.get("nice"):
+            os.nice(req["nice"])
         uid, gid = req.get("uid"), req.get("gid")
         if gid is not None:
             os.setresgid(gid, gid, gid)
@@ -168,6 +170,8 @@ def _enter(req: dict[str, Any], channel: int) -> None:
     others = [
         (os.open(f"{base}/ns/{name}", os.O_RDONLY | os.O_CLOEXEC), flag, name)
         for name, flag in (("net", CLONE_NEWNET), ("ipc", CLONE_NEWIPC), ("uts", CLONE_NEWUTS))
+        # a shared (host) network namespace is ours already, and not the sandbox's to join
+        if not os.path.samefile(f"{base}/ns/{name}", f"/proc/self/ns/{name}")
     ]
     root = os.open(f"{base}/root", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     userns = fcntl.ioctl(mnt, NS_GET_USERNS)

@@ -19,6 +19,9 @@ if TYPE_CHECKING:
     from rollbox_local.sandbox import LocalSandbox
 
 
+STANDBY_NICE = 10
+
+
 @dataclass
 class Generation:
     instance: Instance
@@ -49,8 +52,11 @@ class Generation:
         await self.instance.kill()
 
 
-async def boot_generation(sandbox: LocalSandbox, number: int) -> Generation:
-    """Start a fresh instance over a new, empty writable layer, and its agent."""
+async def boot_generation(sandbox: LocalSandbox, number: int, *,
+                          standby: bool = False) -> Generation:
+    """Start a fresh instance over a new, empty writable layer, and its agent.
+
+    A standby's bwrap runs niced: nobody waits for it, commands running now do."""
     backend = sandbox.backend
     upper, work = sandbox.directory / f"upper{number}", sandbox.directory / f"work{number}"
     for path in (upper, work):
@@ -74,6 +80,7 @@ async def boot_generation(sandbox: LocalSandbox, number: int) -> Generation:
         timeout=sandbox.spec.timeouts.create_s,
         sandbox_id=sandbox.id,
         log_path=str(sandbox.directory / f"bwrap{number}.log"),
+        nice=STANDBY_NICE if standby else 0,
     )
     try:
         agent = await backend.zygote.boot_agent(

@@ -60,13 +60,15 @@ class Instance:
         timeout: float,
         sandbox_id: str,
         log_path: str,
+        nice: int = 0,
     ) -> Instance:
         loop = asyncio.get_running_loop()
         info_r, info_w = os.pipe2(os.O_CLOEXEC)
         try:
             log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
             try:
-                zygote.spawn_bwrap(argv, block_fd=block_fd, info_fd=info_w, log_fd=log_fd, ids=ids)
+                zygote.spawn_bwrap(argv, block_fd=block_fd, info_fd=info_w, log_fd=log_fd, ids=ids,
+                                   nice=nice)
             finally:
                 os.close(log_fd)
         except OSError as exc:

@@ -95,7 +95,8 @@ class LocalSandbox(Sandbox):
 
         Called after a command's result is in, to stay off that command's latency."""
         if self._standby is None and not self._closed:
-            self._standby = asyncio.ensure_future(boot_generation(self, next(self._numbers)))
+            self._standby = asyncio.ensure_future(
+                boot_generation(self, next(self._numbers), standby=True))
 
     async def ping(self) -> bool:
         return not self._closed and self._current is not None and self._current.alive

@@ -105,9 +105,12 @@ class Zygote:
                     raise
 
     def spawn_bwrap(self, argv: Sequence[str], *, block_fd: int, info_fd: int, log_fd: int,
-                    ids: tuple[int, int] | None) -> None:
-        """Start bwrap; inside its argv the block pipe is fd 3 and the info pipe fd 4."""
-        message = {"op": "spawn", "argv": list(argv),
+                    ids: tuple[int, int] | None, nice: int = 0) -> None:
+        """Start bwrap; inside its argv the block pipe is fd 3 and the info pipe fd 4.
+
+        ``nice`` > 0 for work nobody waits on (a standby generation), so that its setup
+        yields the CPU to commands that are running now."""
+        message = {"op": "spawn", "argv": list(argv), "nice": nice,
                    "uid": ids[0] if ids else None, "gid": ids[1] if ids else None}
         self._send(json.dumps(message).encode(), [block_fd, info_fd, log_fd])
 
