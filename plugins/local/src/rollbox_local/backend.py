@@ -27,7 +27,7 @@ from rollbox.spec import SandboxSpec
 
 from rollbox_local import doctor as doctor_checks
 from rollbox_local.bwrap import Bwrap, find_bwrap, write_etc
-from rollbox_local.images import Image, ImageStore
+from rollbox_local.images import Image, ImageStore, _capacity_from_env
 from rollbox_local.layers import copy_layer, remove_tree
 from rollbox_local.paths import default_home, sandbox_ids, unreachable_by
 from rollbox_local.sandbox import LocalSandbox
@@ -64,9 +64,7 @@ class LocalBackend(Backend):
         write_etc(self.etc_dir)
         if self.ids is not None:
             self._check_reachable()
-        capacity = image_capacity_bytes or int(
-            float(os.environ.get("ROLLBOX_IMAGE_CAPACITY_GB", "20")) * GiB
-        )
+        capacity = image_capacity_bytes or _capacity_from_env()  # UsageError if malformed
         self.images = images or ImageStore(
             self.state_dir / "images", capacity_bytes=capacity,
             owner_uid=self.ids[0] if self.ids else None,

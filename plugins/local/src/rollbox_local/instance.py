@@ -13,11 +13,12 @@ import asyncio
 import contextlib
 import json
 import os
-import signal
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from rollbox.errors import CreateFailedError
+
+from rollbox_local.pidfd import ProcessHandle
 
 if TYPE_CHECKING:
     from rollbox_local.zygote import Zygote
@@ -27,13 +28,31 @@ BLOCK_FD, INFO_FD = 3, 4  # where the zygote puts those pipes for bwrap
 
 
 class Instance:
-    def __init__(self, holder: int, pidfd: int, monitor_fd: int) -> None:
-        self.holder = holder
-        self._pidfd = pidfd
-        self._monitor_fd = monitor_fd  # pidfd of the outer bwrap (holder's parent)
-        loop = asyncio.get_running_loop()
-        self.exited = loop.create_future()
-        loop.add_reader(pidfd, self._on_exit)
+    def __init__(self, holder: ProcessHandle, monitor: ProcessHandle) -> None:
+        self.process = holder  # the sandbox's holder: keeps namespaces and mounts
+        self.monitor = monitor  # the outer bwrap, the holder's parent
+
+    @property
+    def holder(self) -> int:
+        return self.process.pid
+
+    @property
+    def exited(self) -> asyncio.Future[None]:
+        return self.process.exited
+
+    @property
+    def alive(self) -> bool:
+        return self.process.alive
+
+    def signal_kill(self) -> None:
+        """SIGKILL the holder: the namespaces and mounts it keeps go with it."""
+        self.process.signal_kill()
+
+    async def kill(self) -> None:
+        """Kill and wait until the holder and its bwrap parent are gone."""
+        await self.process.kill()
+        await asyncio.shield(self.monitor.exited)  # the outer bwrap follows its child at once
+        self.monitor.release()
 
     @classmethod
     async def start(cls, *args: Any, **kwargs: Any) -> Instance:
@@ -76,28 +95,26 @@ class Instance:
             raise CreateFailedError(f"cannot start bwrap: {exc}", sandbox_id=sandbox_id) from exc
         finally:
             os.close(info_w)
-        holder, pidfd, monitor_fd = 0, -1, -1
+        process: ProcessHandle | None = None
+        monitor: ProcessHandle | None = None
         try:
             async with asyncio.timeout(timeout):
                 info = await _read_all(loop, info_r)
                 holder = int(json.loads(info)["child-pid"]) if info else 0
                 if not holder:
                     raise CreateFailedError(_failure(log_path), sandbox_id=sandbox_id)
-                pidfd = os.pidfd_open(holder)
-                monitor_fd = os.pidfd_open(_parent_of(holder))
+                process = ProcessHandle(holder)
+                monitor = ProcessHandle(_parent_of(holder))
                 while not (ready := _caps_dropped(holder)):
                     if ready is None:  # it is gone: bwrap failed
                         raise CreateFailedError(_failure(log_path), sandbox_id=sandbox_id)
                     await asyncio.sleep(READY_POLL_S)
         except BaseException as exc:
-            if pidfd >= 0:
-                with contextlib.suppress(OSError):
-                    signal.pidfd_send_signal(pidfd, signal.SIGKILL)
-                await _exit_of(pidfd)
-                os.close(pidfd)
-            if monitor_fd >= 0:
-                await _exit_of(monitor_fd)
-                os.close(monitor_fd)
+            if process is not None:
+                await process.kill()
+            if monitor is not None:
+                await asyncio.shield(monitor.exited)
+                monitor.release()
             if isinstance(exc, TimeoutError):
                 raise CreateFailedError(
                     f"sandbox {sandbox_id} was not ready within {timeout}s", sandbox_id=sandbox_id
@@ -105,37 +122,7 @@ class Instance:
             if isinstance(exc, ProcessLookupError | FileNotFoundError):
                 raise CreateFailedError(_failure(log_path), sandbox_id=sandbox_id) from None
             raise
-        return cls(holder, pidfd, monitor_fd)
-
-    def _on_exit(self) -> None:
-        asyncio.get_running_loop().remove_reader(self._pidfd)
-        if not self.exited.done():
-            self.exited.set_result(None)
-
-    @property
-    def alive(self) -> bool:
-        return not self.exited.done()
-
-    def signal_kill(self) -> None:
-        """SIGKILL the holder: the namespaces and mounts it keeps go with it."""
-        if self._pidfd >= 0 and self.alive:
-            with contextlib.suppress(ProcessLookupError):
-                signal.pidfd_send_signal(self._pidfd, signal.SIGKILL)
-
-    async def kill(self) -> None:
-        """Kill and wait until the holder and its bwrap parent are gone."""
-        if self._pidfd < 0:
-            return
-        if self.alive:
-            self.signal_kill()
-            await asyncio.shield(self.exited)
-        with contextlib.suppress(OSError, ValueError):
-            asyncio.get_running_loop().remove_reader(self._pidfd)
-        os.close(self._pidfd)
-        self._pidfd = -1
-        await _exit_of(self._monitor_fd)  # the outer bwrap follows its child at once
-        os.close(self._monitor_fd)
-        self._monitor_fd = -1
+        return cls(process, monitor)
 
 
 def _parent_of(pid: int) -> int:
@@ -144,20 +131,6 @@ def _parent_of(pid: int) -> int:
             if line.startswith("PPid:"):
                 return int(line.split()[1])
     raise ProcessLookupError(pid)
-
-
-async def _exit_of(pidfd: int) -> None:
-    loop = asyncio.get_running_loop()
-    done = loop.create_future()
-    def readable() -> None:
-        if not done.done():
-            done.set_result(None)
-
-    loop.add_reader(pidfd, readable)
-    try:
-        await done
-    finally:
-        loop.remove_reader(pidfd)
 
 
 def _caps_dropped(pid: int) -> bool | None:

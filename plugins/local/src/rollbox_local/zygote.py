@@ -17,6 +17,8 @@ from typing import Any
 
 from rollbox.errors import BackendUnavailableError, CreateFailedError
 
+from rollbox_local.pidfd import ProcessHandle
+
 AGENT_SCRIPT = Path(__file__).with_name("_agent.py")
 
 
@@ -29,34 +31,25 @@ class AgentChannel:
 
     def __init__(self, sock: socket.socket, pid: int) -> None:
         self.sock = sock
-        self.pid = pid
-        self._pidfd = os.pidfd_open(pid)
-        loop = asyncio.get_running_loop()
-        self.exited = loop.create_future()
-        loop.add_reader(self._pidfd, self._on_exit)
+        self.process = ProcessHandle(pid)  # killing it, the pid namespace's init, kills all
 
-    def _on_exit(self) -> None:
-        asyncio.get_running_loop().remove_reader(self._pidfd)
-        if not self.exited.done():
-            self.exited.set_result(None)
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    @property
+    def exited(self) -> asyncio.Future[None]:
+        return self.process.exited
 
     @property
     def alive(self) -> bool:
-        return not self.exited.done()
+        return self.process.alive
 
     def signal_kill(self) -> None:
-        """SIGKILL the agent: as its pid namespace's init, everything inside dies too."""
-        if self._pidfd >= 0 and self.alive:
-            with contextlib.suppress(ProcessLookupError):
-                signal.pidfd_send_signal(self._pidfd, signal.SIGKILL)
+        self.process.signal_kill()
 
     async def kill(self) -> None:
-        if self._pidfd < 0:
-            return
-        self.signal_kill()
-        await asyncio.shield(self.exited)
-        os.close(self._pidfd)
-        self._pidfd = -1
+        await self.process.kill()
 
     def send(self, message: dict[str, Any], fds: Sequence[int] = ()) -> None:
         """Queue a request (never blocks for long: requests are tiny)."""
@@ -64,9 +57,8 @@ class AgentChannel:
 
     def close(self) -> None:
         self.sock.close()
-        if self._pidfd >= 0 and not self.alive:
-            os.close(self._pidfd)
-            self._pidfd = -1
+        if not self.alive:
+            self.process.release()
 
 
 class Zygote:
