@@ -169,3 +169,12 @@ class PoolClosedError(PoolError):
 class AcquireTimeoutError(PoolError):
     retryable = True
     kind = "acquire_timeout"
+
+
+SANDBOX_SOUND_AFTER: tuple[type[SandboxError], ...] = (
+    ExecTimeoutError,
+    CommandNotFoundError,
+    SandboxFileNotFoundError,
+)
+"""Errors after which the sandbox itself is still sound: a reset cleans up after them,
+so a pool may reuse it (every other SandboxError means: give it back as broken)."""

@@ -29,14 +29,12 @@ from typing import ClassVar
 
 from rollbox.backend import Backend
 from rollbox.errors import (
+    SANDBOX_SOUND_AFTER,
     AcquireTimeoutError,
-    CommandNotFoundError,
-    ExecTimeoutError,
     PoolClosedError,
     ResetFailedError,
     RollboxError,
     SandboxError,
-    SandboxFileNotFoundError,
     SandboxLostError,
 )
 from rollbox.metrics import Metrics
@@ -485,14 +483,6 @@ class _LeaseContext:
     async def __aexit__(self, exc_type: type[BaseException] | None, *rest: object) -> None:
         assert self._lease is not None
         broken = exc_type is not None and issubclass(exc_type, SandboxError) and not issubclass(
-            exc_type, _RECOVERABLE
+            exc_type, SANDBOX_SOUND_AFTER
         )
         await self._lease.release(Outcome.BROKEN if broken else Outcome.OK)
-
-
-# Errors after which the sandbox itself is still sound: a reset cleans up after them.
-_RECOVERABLE: tuple[type[SandboxError], ...] = (
-    ExecTimeoutError,
-    CommandNotFoundError,
-    SandboxFileNotFoundError,
-)

@@ -30,11 +30,9 @@ from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
 from rollbox.errors import (
-    CommandNotFoundError,
-    ExecTimeoutError,
+    SANDBOX_SOUND_AFTER,
     RollboxError,
     SandboxError,
-    SandboxFileNotFoundError,
     UsageError,
 )
 from rollbox.pool import Lease, Outcome, Pool
@@ -56,14 +54,6 @@ if TYPE_CHECKING:
     import pluggy
 
 ResultObserver = Callable[[RolloutResult], None]
-
-# A sandbox that raised one of these is still sound; a reset cleans up after it.
-_SOUND_AFTER: tuple[type[SandboxError], ...] = (
-    ExecTimeoutError,
-    CommandNotFoundError,
-    SandboxFileNotFoundError,
-)
-
 
 @dataclass(frozen=True)
 class RetryPolicy:
@@ -395,7 +385,7 @@ class _Runner:
                 outcome = Outcome.OK
                 return None, Failure(ROLLOUT_ERROR, _describe(exc), False)
             except SandboxError as exc:
-                if isinstance(exc, _SOUND_AFTER):
+                if isinstance(exc, SANDBOX_SOUND_AFTER):
                     outcome = Outcome.OK
                 return None, Failure(exc.kind, exc.message, exc.retryable)
             except RollboxError as exc:

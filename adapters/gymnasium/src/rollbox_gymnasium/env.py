@@ -21,11 +21,10 @@ from typing import Any, SupportsFloat
 import gymnasium
 from rollbox.backend import Backend
 from rollbox.errors import (
-    CommandNotFoundError,
+    SANDBOX_SOUND_AFTER,
     ExecTimeoutError,
     RollboxError,
     SandboxError,
-    SandboxFileNotFoundError,
     UsageError,
 )
 from rollbox.pool import Lease, Outcome
@@ -44,7 +43,6 @@ from rollbox_gymnasium.tasks import EnvTask, EnvTaskSource, StepOutcome, resolve
 StepReturn = tuple[str, SupportsFloat, bool, bool, dict[str, Any]]
 
 # Failures after which the sandbox itself is still sound (a reset cleans up after them).
-_RECOVERABLE = (ExecTimeoutError, CommandNotFoundError, SandboxFileNotFoundError)
 
 
 class SandboxEnv(gymnasium.Env[str, str]):
@@ -257,7 +255,7 @@ class SandboxEnv(gymnasium.Env[str, str]):
     async def _drop(self, error: SandboxError) -> None:
         if self._lease is not None:
             lease, self._lease = self._lease, None
-            ok = isinstance(error, _RECOVERABLE)
+            ok = isinstance(error, SANDBOX_SOUND_AFTER)
             await lease.release(Outcome.OK if ok else Outcome.BROKEN)
 
     async def _fail(self, error: SandboxError) -> StepReturn:
