@@ -231,12 +231,16 @@ class LocalSandbox(Sandbox):
         st = ex.status
         if st.error is not None:
             code, message = st.error
-            if code in (errno.ENOENT, errno.ENOTDIR) and "working directory" not in message:
+            missing = code in (errno.ENOENT, errno.ENOTDIR)
+            if missing and "working directory" in message:
+                raise SandboxFileNotFoundError(
+                    f"{message}: create it first or pass an existing cwd", sandbox_id=self.id)
+            if missing:
                 raise CommandNotFoundError(
                     f"{message} (no such program in image {self.spec.image!r})",
                     sandbox_id=self.id,
                 )
-            return 126
+            return 126  # found but not executable, as a shell reports it
         if st.exit_code is not None:
             return st.exit_code
         current = self._current
