@@ -107,7 +107,7 @@ def sandbox_argv(bwrap: Bwrap, layout: Layout, *, block_fd: int, info_fd: int) -
         argv += ["--overlay-src", str(lower)]
     argv += ["--overlay", str(layout.upper), str(layout.work), "/"]
     if layout.on_host:
-        argv += _host_mounts()
+        argv += _host_mounts(layout.lowers)
     for name in ("passwd", "group", "hostname"):
         argv += ["--ro-bind", str(layout.etc_dir / name), f"/etc/{name}"]
     etc = NETWORK_ETC_ENTRIES if layout.share_network else ()
@@ -116,22 +116,39 @@ def sandbox_argv(bwrap: Bwrap, layout: Layout, *, block_fd: int, info_fd: int) -
             argv += ["--ro-bind", f"/etc/{name}", f"/etc/{name}"]
     if not layout.share_network:
         argv += ["--ro-bind", str(layout.etc_dir / "hosts"), "/etc/hosts"]
-    argv += ["--proc", "/proc", "--dev", "/dev", "--perms", "1777", "--dir", "/tmp"]
+    argv += ["--proc", "/proc", "--dev", "/dev", "--perms", "1777", "--dir", "/tmp",
+             "--perms", "1777", "--dir", "/var/tmp", "--perms", "0700", "--dir", "/root"]
     if layout.workdir != "/":
         argv += ["--dir", layout.workdir]
     argv += ["--", "/bin/true"]  # only reached if block_fd closes: the sandbox then ends
     return argv
 
 
-@functools.cache
-def _host_mounts() -> tuple[str, ...]:
+def _host_mounts(lowers: tuple[Path, ...]) -> list[str]:
+    """The host's system directories, read-only. Where the image's layers also have one
+    (an image that adds /usr/local/bin/tool), it is a read-only overlay of the image's
+    over the host's, so the image's files show too."""
     args: list[str] = []
     for name in HOST_SYSTEM_DIRS:
         path = f"/{name}"
         if os.path.islink(path):
             args += ["--symlink", os.readlink(path), path]
         elif os.path.isdir(path):
-            args += ["--ro-bind", path, path]
+            own = [layer / name for layer in lowers
+                   if (layer / name).is_dir() and not (layer / name).is_symlink()]
+            if not own:
+                args += ["--ro-bind", path, path]
+                continue
+            args += ["--overlay-src", path]
+            for layer in reversed(own):
+                args += ["--overlay-src", str(layer)]
+            args += ["--ro-overlay", path]
+    return args + list(_host_etc_mounts())
+
+
+@functools.cache
+def _host_etc_mounts() -> tuple[str, ...]:
+    args: list[str] = []
     for name in HOST_ETC_ENTRIES:
         path = f"/etc/{name}"
         if os.path.exists(path):
