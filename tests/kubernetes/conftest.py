@@ -1,28 +1,73 @@
-"""Fixtures: an API server emulator on loopback whose pods run real commands."""
+"""Fixtures: an API server emulator on loopback whose pods are real local sandboxes
+(``rollbox_local.LocalBackend``: bubblewrap, copy-on-write layers, no network)."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
+import io
+import shutil
+import subprocess
+import tarfile
+import tempfile
+from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
 
 import pytest
 from rollbox.spec import SandboxSpec, Timeouts
 from rollbox_kubernetes import KubernetesBackend
-from rollbox_kubernetes.testing import ApiServerEmulator, ShellBackend
+from rollbox_kubernetes.testing import ApiServerEmulator
+from rollbox_local import LocalBackend
+from rollbox_local.oci_build import write_oci_layout
 
-GIT_INIT = ("git init -q && echo base > tracked.txt && git add tracked.txt && "
-            "git -c user.email=t@t -c user.name=t commit -q -m base")
+GIT = ["git", "-c", "user.email=t@t", "-c", "user.name=t"]
 
 BackendFactory = Callable[..., KubernetesBackend]
 
 
-def backing_backend() -> ShellBackend:
-    """What runs each emulated pod (switch to rollbox_local.LocalBackend once it lands)."""
-    return ShellBackend(missing={"registry.invalid/nope:1"}, init_script=GIT_INIT)
+def world_searchable_dir(prefix: str) -> Path:
+    """A temporary directory the sandbox user can reach (pytest's base dir is 0700 when
+    running as root; see tests/local/conftest.py)."""
+    path = Path(tempfile.mkdtemp(prefix=prefix))
+    path.chmod(0o711)
+    return path
+
+
+def git_task_image(dest: Path) -> Path:
+    """An OCI image over the host's system dirs whose ``/work`` is a one-commit git
+    checkout (``tracked.txt`` = ``base``), as a SWE-style task image would be."""
+    repo = dest / "repo"
+    repo.mkdir(parents=True)
+    (repo / "tracked.txt").write_text("base\n")
+    for args in (["init", "-q"], ["add", "tracked.txt"], ["commit", "-q", "-m", "base"]):
+        subprocess.run([*GIT, *args], cwd=repo, check=True, capture_output=True)
+    raw = io.BytesIO()
+    with tarfile.open(fileobj=raw, mode="w") as tar:
+        tar.add(repo, arcname="work")
+    return write_oci_layout(dest / "image", {}, layers=[raw.getvalue()], base_host=True,
+                            workdir="/work")
+
+
+@pytest.fixture(scope="session")
+def task_image() -> Iterator[str]:
+    root = world_searchable_dir("rollbox-k8s-image-")
+    try:
+        yield str(git_task_image(root))
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
 
 
 @pytest.fixture
-async def emulator() -> AsyncIterator[ApiServerEmulator]:
-    async with ApiServerEmulator(backing_backend(), node_labels={"pool": "sandbox"}) as emu:
+def local_state() -> Iterator[Path]:
+    path = world_searchable_dir("rollbox-k8s-test-")
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture
+async def emulator(local_state: Path) -> AsyncIterator[ApiServerEmulator]:
+    backing = LocalBackend(state_dir=local_state)
+    async with ApiServerEmulator(backing, node_labels={"pool": "sandbox"}) as emu:
         yield emu
 
 
@@ -43,5 +88,5 @@ async def make_backend(emulator: ApiServerEmulator) -> AsyncIterator[BackendFact
 
 
 @pytest.fixture
-def spec() -> SandboxSpec:
-    return SandboxSpec(image="ubuntu:24.04", workdir="/work", timeouts=Timeouts(create_s=10))
+def spec(task_image: str) -> SandboxSpec:
+    return SandboxSpec(image=task_image, workdir="/work", timeouts=Timeouts(create_s=20))

@@ -117,7 +117,7 @@ class BackendTestBase:
         sandbox: Sandbox,
         script: str,
         *,
-        timeout: float = 30.0,  # noqa: ASYNC109 - the exec's own timeout, passed on
+        timeout: float = 30.0,
         stdin: bytes | None = None,
         output_limit: int | None = None,
     ) -> ExecResult:

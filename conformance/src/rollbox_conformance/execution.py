@@ -36,7 +36,7 @@ class ExecTests(BackendTestBase):
     async def test_death_by_signal_is_a_negative_exit_code(
         self, backend: Backend, sandbox: Sandbox, signum: int
     ) -> None:
-        self.require(backend, "shell")
+        self.require(backend, "shell", "signal_exit_codes")
         result = await self.sh(sandbox, f"kill -{int(signum)} $$; sleep 5")
         assert result.exit_code == -int(signum)
 

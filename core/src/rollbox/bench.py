@@ -17,7 +17,9 @@ import asyncio
 import contextlib
 import inspect
 import os
+import resource
 import shutil
+import sys
 import tempfile
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -65,6 +67,9 @@ class BenchConfig:
     """Image store capacity; default: a third of the corpus (at least what the rollbox
     arm keeps in use at once), so the corpus never fits."""
     p_correct: float = 0.5
+    think_s: float = 0.25
+    """Mean policy "thinking" time between a rollout's actions (``ThinkTime``). Real
+    agent turns wait seconds for the model; 250 ms understates that (docs/bench.md)."""
     seed: int = 0
     budget: int | None = None
     """Warm sandboxes the lookahead policy may plan ahead (default: ``concurrency``)."""
@@ -111,6 +116,7 @@ async def run_bench(config: BenchConfig, *, progress: Progress | None = None) ->
             config.images, seed=config.seed, padding_bytes=config.padding_bytes,
             p_correct=config.p_correct, kind="fake" if config.fake else "local",
             root=None if config.fake else images_dir, test_timeout_s=config.exec_timeout_s,
+            think_s=config.think_s,
         )
         if not config.fake:
             await asyncio.to_thread(source.build)
@@ -127,7 +133,7 @@ async def run_bench(config: BenchConfig, *, progress: Progress | None = None) ->
             "rollouts": config.images * config.rollouts_per_task,
             "concurrency": config.concurrency, "padding_bytes": config.padding_bytes,
             "corpus_bytes": source.corpus_bytes, "image_capacity_bytes": capacity,
-            "p_correct": config.p_correct, "seed": config.seed,
+            "p_correct": config.p_correct, "think_s": config.think_s, "seed": config.seed,
             "warm_budget": config.warm_budget, "create_rate": config.create_rate,
             "chaos": asdict(config.chaos),
         },
@@ -168,6 +174,7 @@ async def _run_arm(
 
     retry = RetryPolicy(max_attempts=config.max_attempts, retry_kinds=frozenset({"exec_timeout"}))
     loop = asyncio.get_running_loop()
+    rss_start = _rss_bytes()
     async with backend:
         started = loop.time()
         try:
@@ -182,6 +189,7 @@ async def _run_arm(
         finally:
             await pool.close()
         leaked = pool.live
+        leftovers = await _leftovers(chaos.inner if chaos is not None else backend)
     ttfc = metrics.summary("ttfc")
     rollouts = report.as_dict()["rollouts"]
     return {
@@ -203,6 +211,8 @@ async def _run_arm(
         "masked_groups": len(report.masked_tasks),
         "mean_reward": report.as_dict()["mean_reward"],
         "leaked_sandboxes": leaked,
+        "leftovers": leftovers,
+        "rss_bytes": {"start": rss_start, "end": _rss_bytes(), "peak": _peak_rss_bytes()},
         "warmup_s": warmup_s,
         "wall_s": warmup_s + report.wall_s,
     }
@@ -214,6 +224,34 @@ async def _warm_up(pool: Pool, tasks: list[Task], config: BenchConfig) -> None:
     first = tasks[: config.concurrency + config.warm_budget]
     pool.backend.hint_upcoming([t.spec.image for t in first])
     await asyncio.gather(*(pool.prewarm(t.spec, 1) for t in first))
+
+
+async def _leftovers(backend: Backend) -> list[str] | None:
+    """What the backend still holds once the pool has closed everything (sandboxes,
+    their directories, processes): must be empty. None if the backend cannot tell."""
+    check = getattr(backend, "leftovers", None)
+    if not callable(check):
+        return None
+    found = check()
+    if inspect.isawaitable(found):
+        found = await found
+    return [str(item) for item in found]
+
+
+def _rss_bytes() -> int:
+    """Resident set size of this process now (0 where /proc is not available)."""
+    try:
+        pages = int(Path("/proc/self/statm").read_text().split()[1])
+    except (OSError, ValueError, IndexError):
+        return 0
+    return pages * os.sysconf("SC_PAGE_SIZE")
+
+
+def _peak_rss_bytes() -> int:
+    """Peak resident set size of this process so far (bench and backend; the sandboxes'
+    own processes are not counted)."""
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak if sys.platform == "darwin" else peak * 1024
 
 
 def _ratios(arms: dict[str, Any]) -> dict[str, float | None]:

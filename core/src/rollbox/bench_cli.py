@@ -22,7 +22,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     d = BenchConfig()
     parser.add_argument("--backend", default=os.environ.get("ROLLBOX_BACKEND", "local"),
                         help="backend to run on (default: $ROLLBOX_BACKEND or 'local'; "
-                             "'fake' runs in memory in seconds)")
+                             "'fake' runs in memory: seconds with --think-ms 0)")
     parser.add_argument("--images", type=int, default=d.images,
                         help=f"distinct task images (default {d.images})")
     parser.add_argument("--rollouts", type=int, default=d.rollouts_per_task,
@@ -39,6 +39,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="creates per second in the rollbox arm (default %(default)s)")
     parser.add_argument("--p-correct", type=float, default=d.p_correct,
                         help="probability the scripted patch is right (default %(default)s)")
+    parser.add_argument("--think-ms", type=float, default=d.think_s * 1e3,
+                        help="mean policy inference time between a rollout's actions, ms, "
+                             "seeded log-normal; 0 = back to back (default %(default)s)")
     parser.add_argument("--seed", type=int, default=d.seed, help="workload seed")
     parser.add_argument("--chaos", metavar="SPEC", default=None,
                         help="inject faults, e.g. 'kill=0.05,hang=0.01,create=0.02' "
@@ -78,6 +81,7 @@ def config_from(args: argparse.Namespace) -> BenchConfig:
         concurrency=args.concurrency, padding_bytes=int(args.padding_mb * MiB),
         image_capacity_bytes=None if args.capacity_mb is None else int(args.capacity_mb * MiB),
         budget=args.budget, create_rate=args.create_rate, p_correct=args.p_correct,
+        think_s=args.think_ms / 1e3,
         seed=args.seed, chaos=parse_chaos(args.chaos), exec_timeout_s=args.exec_timeout,
         arms=tuple(a.strip() for a in args.arms.split(",") if a.strip()),
         workdir=args.workdir,
@@ -101,7 +105,8 @@ def run(args: argparse.Namespace) -> int:
         plot_ttfc(report, Path(args.plot))
         print(f"TTFC plot written to {args.plot}")
     unaccounted = [a for a, r in report["arms"].items() if not r["rollouts"]["accounted"]]
-    leaked = [a for a, r in report["arms"].items() if r["leaked_sandboxes"]]
+    leaked = [a for a, r in report["arms"].items()
+              if r["leaked_sandboxes"] or r.get("leftovers")]
     if unaccounted or leaked:
         print(f"rollbox bench: unaccounted rollouts in {unaccounted}, leaked sandboxes in "
               f"{leaked}", file=sys.stderr)
@@ -150,7 +155,7 @@ def render_table(report: dict[str, Any]) -> str:
         f"workload: {w['images']} images x {w['rollouts_per_task']} rollouts = "
         f"{w['rollouts']} rollouts on {w['backend']!r}, concurrency {w['concurrency']}, "
         f"corpus {w['corpus_bytes'] / MiB:.0f} MiB, store {w['image_capacity_bytes'] / MiB:.0f}"
-        " MiB",
+        f" MiB, think {w.get('think_s', 0.0) * 1e3:.0f} ms between actions",
     ]
     header = f"{'':<22}" + "".join(f"{n:>14}" for n in names)
     both = len(names) == 2
@@ -185,8 +190,14 @@ def render_table(report: dict[str, Any]) -> str:
     for kind in injected:
         row(f"chaos {kind}", [arms[n]["chaos_injected"].get(kind, 0) for n in names], "d")
     row("wall (s)", [arms[n]["wall_s"] for n in names], ".2f", ratios.get("wall"))
+    row("peak RSS (MiB)", [arms[n]["rss_bytes"]["peak"] / MiB for n in names], ".0f")
     accounted = all(arms[n]["rollouts"]["accounted"] for n in names)
     lines.append(f"every rollout accounted: {'yes' if accounted else 'NO'}")
+    left = {n: arms[n].get("leftovers") for n in names}
+    if any(v is not None for v in left.values()):
+        text = ", ".join(f"{n} {len(v)}" for n, v in left.items() if v is not None)
+        clean = not any(left.values())
+        lines.append(f"left behind on the backend: {'nothing' if clean else text}")
     return "\n".join(lines)
 
 

@@ -43,6 +43,9 @@ class Capabilities:
     file_size_limit: bool = False
     isolation: bool = False
     """Processes, files and network of the host are out of reach (a real boundary)."""
+    signal_exit_codes: bool = True
+    """A command killed by signal N reports exit code -N. Backends that only see a
+    shell-style 128+N (e.g. Kubernetes pod exec) set it False."""
     shell: bool = True
     """``exec`` runs real programs: the image has ``/bin/sh`` and the POSIX utilities.
     In-memory fakes set it False; the conformance suite skips shell-based tests then."""

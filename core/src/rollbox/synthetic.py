@@ -10,7 +10,9 @@ image reference is the layout's path.
 The scripted policy of each task reads ``README.md`` (its first command, the one TTFC
 times), runs the tests (they fail), applies a candidate patch
 (the right one with probability ``p_correct``, seeded per task and rollout), runs the
-tests again; reward = 1.0 if they pass. Everything is deterministic for a seed.
+tests again; reward = 1.0 if they pass. Between two actions it "thinks" for a seeded
+time around ``think_s`` (see ``ThinkTime``), standing in for the policy model's
+inference, during which the sandbox is idle. Everything is deterministic for a seed.
 
 For the fake backend, ``fake_backend()`` returns a ``FakeBackend`` with the same files
 and a handler that evaluates the test run in-process, so runners and the bench are
@@ -19,8 +21,10 @@ testable in milliseconds.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
+import math
 import random
 import shlex
 import struct
@@ -111,6 +115,7 @@ class SyntheticSource:
         kind: str = "local",
         root: str | Path | None = None,
         test_timeout_s: float = 30.0,
+        think_s: float = 0.0,
     ) -> None:
         if n_images < 1:
             raise UsageError(f"synthetic source needs n_images >= 1, got {n_images}")
@@ -129,6 +134,7 @@ class SyntheticSource:
         self.kind = kind
         self.root = Path(root) if root is not None else None
         self.test_timeout_s = test_timeout_s
+        self.think = ThinkTime(think_s, seed)
         self.problems = [Problem.make(seed, i) for i in range(n_images)]
 
     @property
@@ -151,7 +157,7 @@ class SyntheticSource:
             )
             yield Task(
                 id=f"synthetic-{problem.index:05d}", spec=spec,
-                policy=ScriptedPolicy(problem, self.p_correct, self.seed),
+                policy=ScriptedPolicy(problem, self.p_correct, self.seed, self.think),
                 verifier=run_tests, meta={"source": self.name},
             )
 
@@ -223,13 +229,48 @@ async def run_tests(sandbox: Sandbox, task: Task) -> float:
     return 1.0 if (await sandbox.exec(TEST_COMMAND, cwd=REPO)).ok else 0.0
 
 
-class ScriptedPolicy:
-    """Run the tests, apply a candidate patch (right with probability p), run them again."""
+class ThinkTime:
+    """Seeded stand-in for the policy model's inference time between two actions.
 
-    def __init__(self, problem: Problem, p_correct: float, seed: int) -> None:
+    In agentic RL every action waits for the model's next turn, generated on a GPU, so a
+    sandbox is idle between its commands. Durations are log-normal (sigma 0.5: right-
+    skewed, like generation lengths) with mean ``mean_s``; ``mean_s == 0`` means none
+    (actions back to back). Each (task, rollout, step) draws from its own seeded stream,
+    so durations do not depend on scheduling.
+    """
+
+    SIGMA = 0.5
+
+    def __init__(self, mean_s: float = 0.0, seed: int = 0) -> None:
+        if not (isinstance(mean_s, int | float) and math.isfinite(mean_s) and mean_s >= 0):
+            raise UsageError(f"think time must be a finite number >= 0 s, got {mean_s!r}")
+        self.mean_s = float(mean_s)
+        self.seed = seed
+
+    def draw(self, task: int, rollout: int, step: int) -> float:
+        """Seconds to think before action ``step`` (1-based) of a rollout."""
+        if self.mean_s == 0:
+            return 0.0
+        rng = random.Random(f"rollbox-synthetic-think:{self.seed}:{task}:{rollout}:{step}")
+        mu = math.log(self.mean_s) - self.SIGMA**2 / 2
+        return rng.lognormvariate(mu, self.SIGMA)
+
+    async def pause(self, task: int, rollout: int, step: int) -> None:
+        seconds = self.draw(task, rollout, step)
+        if seconds > 0:
+            await asyncio.sleep(seconds)
+
+
+class ScriptedPolicy:
+    """Run the tests, apply a candidate patch (right with probability p), run them again,
+    thinking (``ThinkTime``) before every action but the first."""
+
+    def __init__(self, problem: Problem, p_correct: float, seed: int,
+                 think: ThinkTime | None = None) -> None:
         self.problem = problem
         self.p_correct = p_correct
         self.seed = seed
+        self.think = think or ThinkTime(0.0, seed)
 
     def right_patch(self, index: int) -> bool:
         rng = random.Random(f"rollbox-synthetic-policy:{self.seed}:{self.problem.index}:{index}")
@@ -237,11 +278,18 @@ class ScriptedPolicy:
 
     async def __call__(self, sandbox: Sandbox, task: Task, index: int) -> RolloutOutput:
         # First action, as an agent's: read the task statement (this is what TTFC times).
+        # The first command is the environment's reset (read the task statement), run as
+        # soon as the sandbox is there; the model thinks before each later action.
         statement = await sandbox.exec(["cat", "README.md"], cwd=REPO)
+        think = self.think.pause
+        n = self.problem.index
+        await think(n, index, 1)
         before = await sandbox.exec(TEST_COMMAND, cwd=REPO)
         right = self.right_patch(index)
         patch = self.problem.fixed if right else self.problem.wrong
+        await think(n, index, 2)
         await sandbox.write_file(f"{REPO}/solution.py", patch)
+        await think(n, index, 3)
         reward = await run_tests(sandbox, task)
         return RolloutOutput(reward=reward, info={
             "read_task": statement.ok, "failing_before": not before.ok,

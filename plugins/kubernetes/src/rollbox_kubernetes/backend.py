@@ -53,6 +53,7 @@ class KubernetesBackend(Backend):
     capabilities: ClassVar[Capabilities] = Capabilities(
         reset_in_place=True, network_none=True, network_host=True, memory_limit=True,
         isolation=True,
+        signal_exit_codes=False,  # pod exec reports death by signal N as 128+N, like exit
     )
 
     def __init__(
@@ -133,8 +134,11 @@ class KubernetesBackend(Backend):
                     sandbox = await self._create_pod(spec)
                 else:
                     sandbox = await self._create_claim(spec)
-                if spec.reset_command is None:
+                try:
                     await sandbox.remember_base()
+                except BaseException:
+                    await self.release(sandbox)
+                    raise
         except TimeoutError:
             raise CreateFailedError(
                 f"no sandbox for image {spec.image!r} became ready within "
@@ -283,6 +287,23 @@ class KubernetesBackend(Backend):
             ws_client: ApiClient = self._ws_api.api_client  # type: ignore[attr-defined]
             await ws_client.close()
             self._ws_api = None
+
+    async def leftovers(self) -> list[str]:
+        """This run's claims and non-warm pods still in the cluster, and sandboxes still
+        open; after ``aclose`` it looks through a short-lived client."""
+        from rollbox_kubernetes.ops import leftovers
+
+        held = [f"open sandbox {name}" for name in sorted(self.live)]
+        if self._client is not None:
+            return held + await leftovers(self._client, self.options.namespace,
+                                          self.options.run_id)
+        config = await load_configuration(self.host, self.kubeconfig, self.context)
+        client = KubeClient(ApiClient(config), qps=self.qps, burst=self.burst,
+                            stats=RequestStats())
+        try:
+            return held + await leftovers(client, self.options.namespace, self.options.run_id)
+        finally:
+            await client.close()
 
     async def _delete_quietly(self, res: Resource, name: str) -> None:
         with contextlib.suppress(ApiError):

@@ -1,13 +1,24 @@
-"""Cluster operations behind ``rollbox k8s preflight`` and ``rollbox k8s reap``."""
+"""Cluster operations behind ``rollbox k8s preflight`` and ``rollbox k8s reap``, and the
+backend's ``leftovers`` (what a run still holds)."""
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass
 
 from rollbox.backend import Diagnostic
 
-from rollbox_kubernetes.client import ApiError, KubeClient
-from rollbox_kubernetes.resources import CLAIMS, CRDS, PODS, TEMPLATES, WARM_POOLS, owned_by
+from rollbox_kubernetes.client import ApiError, KubeClient, Obj
+from rollbox_kubernetes.resources import (
+    CLAIMS,
+    CRDS,
+    PODS,
+    SANDBOXES,
+    TEMPLATES,
+    WARM_POOLS,
+    Resource,
+    owned_by,
+)
 
 # (verb, group, resource, subresource) the claim mode needs; pod mode needs the pod rows.
 NEEDED = (
@@ -91,3 +102,58 @@ async def reap(client: KubeClient, namespace: str, run_id: str, *,
                 await client.delete(res, namespace, name)
         out.append(Reaped(res.kind, names))
     return out
+
+
+async def leftovers(client: KubeClient, namespace: str, run_id: str, *,
+                    settle_s: float = 10.0) -> list[str]:
+    """What one run still holds in the cluster: its claims, and its pods that are not
+    warm capacity of one of its live pools (one line each, ``Kind/name``).
+
+    Objects on their way out (a deletionTimestamp, or an owner already gone, so the
+    garbage collector will remove them) get ``settle_s`` to disappear before they count.
+    Templates and warm pools are the backend's cache, not leaks: ``aclose`` deletes them.
+    """
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + settle_s
+    while True:
+        held, pending = await _held(client, namespace, run_id)
+        if not pending or loop.time() >= deadline:
+            return sorted(held)
+        await asyncio.sleep(0.1)
+
+
+async def _items(client: KubeClient, res: Resource, namespace: str,
+                 selector: str = "") -> list[Obj]:
+    try:
+        listing = await client.list_objects(res, namespace, label_selector=selector)
+    except ApiError as err:
+        if err.status == 404 and res is not PODS:
+            return []  # CRDs not installed: nothing of that kind can exist
+        raise
+    return list(listing.get("items") or [])
+
+
+async def _held(client: KubeClient, namespace: str, run_id: str) -> tuple[list[str], bool]:
+    claims = await _items(client, CLAIMS, namespace, owned_by(run_id))
+    pools = {p["metadata"]["name"] for p in await _items(client, WARM_POOLS, namespace,
+                                                          owned_by(run_id))}
+    sandboxes = {s["metadata"]["name"]: s for s in await _items(client, SANDBOXES, namespace)}
+    claim_names = {c["metadata"]["name"] for c in claims}
+    pods = await _items(client, PODS, namespace, owned_by(run_id))
+    held = [f"SandboxClaim/{c['metadata']['name']}" for c in claims]
+    pending = any(c["metadata"].get("deletionTimestamp") for c in claims)
+    for pod in pods:
+        meta = pod["metadata"]
+        owners = [o for o in meta.get("ownerReferences") or [] if o.get("kind") == "Sandbox"]
+        sandbox = sandboxes.get(owners[0]["name"]) if owners else None
+        sandbox_owners = (sandbox or {}).get("metadata", {}).get("ownerReferences") or []
+        if any(o.get("kind") == "SandboxWarmPool" and o.get("name") in pools
+               for o in sandbox_owners):
+            continue  # warm capacity of a live pool
+        held.append(f"Pod/{meta['name']}")
+        gone_owner = (owners and sandbox is None) or (sandbox is not None and not any(
+            (o.get("kind") == "SandboxClaim" and o.get("name") in claim_names)
+            or (o.get("kind") == "SandboxWarmPool" and o.get("name") in pools)
+            for o in sandbox_owners))
+        pending |= bool(meta.get("deletionTimestamp")) or bool(gone_owner)
+    return held, pending

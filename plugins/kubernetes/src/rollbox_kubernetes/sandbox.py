@@ -4,12 +4,28 @@ Commands run as their argv when cwd and env are the container's own (the common 
 otherwise through ``env -i … /bin/sh -c 'cd …'``. Each command is wrapped in coreutils'
 ``timeout -s KILL`` so an overrun kills its process group inside the pod: closing an exec
 stream does not stop the process on Kubernetes.
+
+Reset, in the pod, without restarting it (a container restart would drop the writable
+layer, but the kubelet's crash-loop back-off makes repeated restarts slow):
+
+1. every process but the container's init (``sleep infinity``) is killed, daemons too;
+2. ``/tmp``, ``/var/tmp`` and ``$HOME`` are put back as they were when the sandbox was
+   created (a tar taken then, kept in ``/tmp/.rollbox-base``);
+3. the workdir goes back to its git commit at create (``git reset --hard && git clean
+   -xdff``), or, when it is not a checkout, to the same tar; then the spec's
+   ``reset_command`` runs, if it names one.
+
+Files the rollout changed anywhere else in the image (``/etc``, ``/usr`` …) are not
+restored: give the spec a ``reset_command`` that does, or keep such changes in the
+workdir. A workdir of ``/`` that is not a checkout needs a ``reset_command``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
+import secrets
 import shlex
 from typing import TYPE_CHECKING
 
@@ -27,17 +43,72 @@ from rollbox.spec import MiB, SandboxSpec
 from rollbox_kubernetes.client import ApiError
 from rollbox_kubernetes.podexec import ExecOutput, pod_exec
 from rollbox_kubernetes.render import CONTAINER
+from rollbox_kubernetes.resources import PODS
+from rollbox_kubernetes.status import pod_ready
 
 if TYPE_CHECKING:
     from rollbox_kubernetes.backend import KubernetesBackend
 
 KILLED = 128 + 9
 _GRACE_S = 10.0
-_WRITE = 'mkdir -p -- "$(dirname -- "$1")" && cat > "$1" && chmod "$2" "$1"'
+_WRITE = 'mkdir -p -- "$(dirname -- "$1")" || exit 3; cat > "$1" && chmod "$2" "$1"'
+NO_PARENT = 3
 _APPEND_B64 = 'printf %s "$2" | base64 -d >> "$1"'
 _TRUNCATE = 'mkdir -p -- "$(dirname -- "$1")" && : > "$1" && chmod "$2" "$1"'
-_GIT_HEAD = 'cd -- "$1" && git rev-parse HEAD'
-_GIT_RESET = 'cd -- "$1" && git reset -q --hard "$2" && git clean -q -xdff'
+BASE = "/tmp/.rollbox-base"
+# $1 workdir, $2 "1" to keep the workdir in the tar when it is not a git checkout.
+_REMEMBER = f"""base={BASE}
+rm -rf "$base" && mkdir -p "$base" && chmod 700 "$base" || exit 3
+if [ "$1" != / ] && cd -- "$1" 2>/dev/null && git rev-parse HEAD > "$base/commit" 2>/dev/null
+then :; else rm -f "$base/commit"; fi
+dirs="tmp var/tmp"
+case "$HOME" in ""|/) ;; *) dirs="$dirs ${{HOME#/}}" ;; esac
+if [ ! -f "$base/commit" ] && [ "$2" = 1 ] && [ "$1" != / ]; then dirs="$dirs ${{1#/}}"; fi
+keep= absent=
+for d in $dirs; do if [ -d "/$d" ]; then keep="$keep $d"; else absent="$absent $d"; fi; done
+printf '%s\\n' $keep > "$base/dirs"
+printf '%s\\n' $absent > "$base/absent"
+cd / && tar -cpf "$base/state.tar" --exclude=./tmp/.rollbox-base $(sed 's|^|./|' "$base/dirs") \
+    || exit 4
+[ -f "$base/commit" ] && echo git || echo tar
+"""
+MARKER = "ROLLBOX_EXEC"
+# $1 the marker (NAME=token): kill every process whose environment carries it.
+_SWEEP = """for round in 1 2 3 4 5 6 7 8; do
+  found=
+  for d in /proc/[0-9]*; do
+    if tr '\\0' '\\n' < "$d/environ" 2>/dev/null | grep -qx -- "$1"; then
+      kill -9 "${d#/proc/}" 2>/dev/null && found=1
+    fi
+  done
+  [ -n "$found" ] || break
+done
+"""
+# $1 workdir. Kills every process but init and this script's ancestors, then restores.
+_RESET = f"""base={BASE}
+[ -f "$base/state.tar" ] || {{ echo "reset baseline $base is gone" >&2; exit 3; }}
+keep=" 1 $$ "; p=$$
+while [ "$p" -gt 1 ] 2>/dev/null; do
+  p=$(sed -n 's/^PPid:[[:space:]]*//p' "/proc/$p/status" 2>/dev/null); keep="$keep$p "
+done
+for round in 1 2 3 4 5 6 7 8; do
+  found=
+  for d in /proc/[0-9]*; do
+    pid=${{d#/proc/}}
+    case "$keep" in *" $pid "*) continue ;; esac
+    kill -9 "$pid" 2>/dev/null && found=1
+  done
+  [ -n "$found" ] || break
+done
+while read -r d; do
+  find "/$d" -mindepth 1 -maxdepth 1 ! -path "$base" -exec rm -rf {{}} + || exit 5
+done < "$base/dirs"
+while read -r d; do [ -z "$d" ] || rm -rf "/$d" || exit 5; done < "$base/absent"
+cd / && tar -xpf "$base/state.tar" || exit 6
+if [ -f "$base/commit" ]; then
+  cd -- "$1" && git reset -q --hard "$(cat "$base/commit")" && git clean -q -xdff || exit 7
+fi
+"""
 _ARGV_CHUNK = 96 * 1024
 
 
@@ -50,23 +121,36 @@ class KubeSandbox(Sandbox):
         self.backend = backend
         self.pod = pod
         self.base_env = base_env
-        self.base_commit: str | None = None
+        self.base_mode = ""
         self.closed = False
+        self.lost = False
 
     # -- exec --------------------------------------------------------------------------
 
-    def argv_for(self, request: ExecRequest) -> list[str]:
+    def argv_for(self, request: ExecRequest, marker: str) -> list[str]:
+        """``marker`` (``ROLLBOX_EXEC=<token>``) is inherited by every process the command
+        starts, so a timeout can find the ones that left its process group (setsid)."""
         argv = list(request.argv)
         if request.cwd != self.spec.workdir or dict(request.env) != self.base_env:
             pairs = [f"{k}={v}" for k, v in request.env.items()]
-            argv = ["env", "-i", *pairs, "/bin/sh", "-c", 'cd -- "$0" && exec "$@"',
+            argv = ["env", "-i", *pairs, marker, "/bin/sh", "-c", 'cd -- "$0" && exec "$@"',
                     request.cwd, *argv]
+        else:
+            argv = ["env", marker, *argv]
         return ["timeout", "-s", "KILL", f"{request.timeout_s:.3f}", *argv]
+
+    async def _kill_marked(self, marker: str) -> None:
+        """Kill what a timed-out command left running, daemons included."""
+        with contextlib.suppress(SandboxError):
+            await self._sh(_SWEEP, marker, timeout_s=30.0)
 
     async def _exec(self, argv: list[str], *, stdin: bytes | None, limit: int,
                     timeout_s: float) -> ExecOutput:
         if self.closed:
             raise SandboxLostError(f"sandbox {self.id} is closed", sandbox_id=self.id)
+        if self.lost:
+            raise SandboxLostError(f"pod {self.pod} of sandbox {self.id} is gone",
+                                   sandbox_id=self.id)
         try:
             async with asyncio.timeout(timeout_s + _GRACE_S):
                 return await pod_exec(
@@ -75,6 +159,7 @@ class KubeSandbox(Sandbox):
                 )
         except ApiError as err:
             if err.status == 404:
+                self.lost = True
                 raise SandboxLostError(f"pod {self.pod} of sandbox {self.id} is gone",
                                        sandbox_id=self.id) from None
             raise SandboxLostError(f"exec in pod {self.pod} failed: {err}",
@@ -83,10 +168,12 @@ class KubeSandbox(Sandbox):
     async def run(self, request: ExecRequest) -> ExecResult:
         loop = asyncio.get_running_loop()
         started = loop.time()
+        marker = f"{MARKER}={secrets.token_hex(8)}"
         try:
-            out = await self._exec(self.argv_for(request), stdin=request.stdin,
+            out = await self._exec(self.argv_for(request, marker), stdin=request.stdin,
                                    limit=request.output_limit, timeout_s=request.timeout_s)
         except TimeoutError:
+            await self._kill_marked(marker)
             raise ExecTimeoutError(
                 f"command {shlex.join(request.argv)!r} overran {request.timeout_s}s and its "
                 "exec stream did not end", sandbox_id=self.id, timeout_s=request.timeout_s,
@@ -95,8 +182,16 @@ class KubeSandbox(Sandbox):
         if out.exit_code is None:
             if "executable file not found" in out.failure or "no such file" in out.failure:
                 raise CommandNotFoundError(out.failure, sandbox_id=self.id)
+            await self._check_pod()
             raise SandboxLostError(f"exec in pod {self.pod}: {out.failure}", sandbox_id=self.id)
-        if out.exit_code == KILLED and elapsed >= request.timeout_s * 0.99:
+        timed_out = elapsed >= request.timeout_s * 0.99
+        if out.exit_code == KILLED and not timed_out:
+            await self._check_pod()  # SIGKILL: the pod may be going (deleted, evicted)
+            if self.lost:
+                raise SandboxLostError(f"pod {self.pod} of sandbox {self.id} went away "
+                                       "during the command", sandbox_id=self.id)
+        if out.exit_code == KILLED and timed_out:
+            await self._kill_marked(marker)
             raise ExecTimeoutError(
                 f"command {shlex.join(request.argv)!r} overran {request.timeout_s}s; killed",
                 sandbox_id=self.id, timeout_s=request.timeout_s, stdout=out.stdout,
@@ -113,6 +208,17 @@ class KubeSandbox(Sandbox):
             exit_code=out.exit_code, stdout=out.stdout, stderr=out.stderr, duration_s=elapsed,
             stdout_truncated=out.stdout_truncated, stderr_truncated=out.stderr_truncated,
         )
+
+    async def _check_pod(self) -> None:
+        """Mark the sandbox lost if its pod is gone, terminating or no longer ready."""
+        try:
+            pod = await self.backend.client.get(PODS, self.backend.options.namespace, self.pod)
+        except ApiError as err:
+            if err.status == 404:
+                self.lost = True
+            return
+        if pod["metadata"].get("deletionTimestamp") or not pod_ready(pod):
+            self.lost = True
 
     async def _sh(self, script: str, *args: str, stdin: bytes | None = None,
                   timeout_s: float = 60.0) -> ExecOutput:
@@ -143,6 +249,10 @@ class KubeSandbox(Sandbox):
             if "v5.channel" not in exc.message:
                 raise
             out = await self._write_by_argv(target, bytes(data), mode)
+        if out.exit_code == NO_PARENT:
+            raise SandboxFileNotFoundError(
+                f"cannot write {target} in sandbox {self.id}: its directory cannot be made "
+                f"({out.stderr.decode('utf-8', 'replace').strip()})", sandbox_id=self.id)
         if out.exit_code != 0:
             raise SandboxError(f"cannot write {target} in sandbox {self.id}: "
                                f"{out.stderr.decode('utf-8', 'replace').strip()}",
@@ -161,24 +271,29 @@ class KubeSandbox(Sandbox):
     # -- reset and close ---------------------------------------------------------------
 
     async def remember_base(self) -> None:
-        """Record the workdir's git commit so reset can return to it (default reset)."""
-        out = await self._sh(_GIT_HEAD, self.spec.workdir, timeout_s=self.spec.timeouts.reset_s)
-        if out.exit_code == 0:
-            self.base_commit = out.stdout.decode().strip() or None
+        """Record what reset returns to: the workdir's git commit, and a tar of the
+        scratch directories (and of the workdir when it is not a checkout)."""
+        keep_workdir = "1" if self.spec.reset_command is None else "0"
+        out = await self._sh(_REMEMBER, self.spec.workdir, keep_workdir,
+                             timeout_s=self.spec.timeouts.reset_s)
+        if out.exit_code != 0:
+            raise SandboxError(
+                f"cannot record the reset baseline of sandbox {self.id} (exit "
+                f"{out.exit_code}): {out.stderr.decode('utf-8', 'replace').strip()[:300]}; "
+                "the image needs sh, tar, find and sed", sandbox_id=self.id)
+        self.base_mode = out.stdout.decode().strip()
 
     async def reset(self) -> None:
         timeout = self.spec.timeouts.reset_s
-        if self.spec.reset_command is not None:
-            out = await self._sh(f'cd -- "$1" && {self.spec.reset_command}', self.spec.workdir,
-                                 timeout_s=timeout)
-        elif self.base_commit is None:
+        if (self.spec.reset_command is None and self.base_mode != "git"
+                and self.spec.workdir == "/"):
             raise ResetFailedError(
-                f"cannot reset sandbox {self.id}: {self.spec.workdir} is not a git checkout; "
-                "set SandboxSpec.reset_command to a command that restores it",
-                sandbox_id=self.id,
-            )
-        else:
-            out = await self._sh(_GIT_RESET, self.spec.workdir, self.base_commit,
+                f"cannot reset sandbox {self.id}: its workdir is / and not a git checkout; "
+                "set SandboxSpec.workdir to the task's directory or SandboxSpec.reset_command "
+                "to a command that restores it", sandbox_id=self.id)
+        out = await self._sh(_RESET, self.spec.workdir, timeout_s=timeout)
+        if out.exit_code == 0 and self.spec.reset_command is not None:
+            out = await self._sh(f'cd -- "$1" && {self.spec.reset_command}', self.spec.workdir,
                                  timeout_s=timeout)
         if out.exit_code != 0:
             raise ResetFailedError(

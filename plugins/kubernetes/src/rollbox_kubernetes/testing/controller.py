@@ -15,7 +15,10 @@ Controller, following upstream's documented behaviour (not its code):
 Kubelet: each new pod is scheduled (unless its nodeSelector does not match
 ``node_labels``: ``PodScheduled=False, Unschedulable``), then backed by a sandbox of the
 backing rollbox backend. An image the backend cannot find leaves the pod waiting in
-``ImagePullBackOff``; images in ``stall_images`` never become ready.
+``ImagePullBackOff``; images in ``stall_images`` never become ready. The container's
+memory and cpu limits become the backing sandbox's (a cgroup does that on a node); a
+pod whose template carries a deny-all ``networkPolicy`` gets no network (a CNI that
+enforces NetworkPolicy does that), others the host's.
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ from typing import Any
 from rollbox.backend import Backend
 from rollbox.errors import ImageError, RollboxError
 from rollbox.sandbox import Sandbox
-from rollbox.spec import SandboxSpec
+from rollbox.spec import Network, Resources, SandboxSpec
 
 from rollbox_kubernetes.testing.store import Conflict, Obj, Store
 
@@ -42,6 +45,26 @@ def _owner(obj: Obj, kind: str) -> dict[str, Any]:
     return {"apiVersion": obj.get("apiVersion", ""), "kind": kind,
             "name": obj["metadata"]["name"], "uid": obj["metadata"]["uid"],
             "controller": True}
+
+
+def _quantity(text: str, units: dict[str, float]) -> float:
+    for suffix, factor in units.items():
+        if suffix and text.endswith(suffix):
+            return float(text[: -len(suffix)]) * factor
+    return float(text)
+
+
+def limits(container: Obj) -> Resources:
+    """The container's limits as the backing sandbox's resources."""
+    found = (container.get("resources") or {}).get("limits") or {}
+    memory_mb, cpus = 2048, 1.0
+    if "memory" in found:
+        memory_mb = max(1, int(_quantity(str(found["memory"]), {
+            "Ki": 1 / 1024, "Mi": 1, "Gi": 1024, "K": 1e3 / 2**20, "M": 1e6 / 2**20,
+            "G": 1e9 / 2**20, "": 1 / 2**20})))
+    if "cpu" in found:
+        cpus = _quantity(str(found["cpu"]), {"m": 0.001, "": 1})
+    return Resources(cpus=cpus, memory_mb=memory_mb)
 
 
 def _cond(kind: str, ok: bool, reason: str, message: str = "") -> Obj:
@@ -58,6 +81,7 @@ class FakeCluster:
         self.stall_images: set[str] = set()
         self.sandboxes: dict[tuple[str, str], Sandbox] = {}
         self.pods_started = 0
+        self.networks: dict[tuple[str, str], Network] = {}
         self._queue: asyncio.Queue[tuple[str, str, Obj]] = asyncio.Queue()
         self._tasks: set[asyncio.Task[None]] = set()
         self._loop: asyncio.Task[None] | None = None
@@ -104,6 +128,7 @@ class FakeCluster:
             if kind == "ADDED":
                 self._spawn(self._start_pod(ns, name))
             elif kind == "DELETED":
+                self.networks.pop((ns, name), None)
                 sandbox = self.sandboxes.pop((ns, name), None)
                 if sandbox is not None:
                     self._spawn(sandbox.close())
@@ -127,6 +152,9 @@ class FakeCluster:
             return None
         name = f"{template_name[:40]}-{secrets.token_hex(3)}"
         pod_template = template["spec"]["podTemplate"]
+        policy = template["spec"].get("networkPolicy")
+        if policy is not None and not policy.get("egress") and not policy.get("ingress"):
+            self.networks[(ns, name)] = Network.NONE
         sandbox = self.store.create("sandboxes", ns, {
             "apiVersion": CORE, "kind": "Sandbox",
             "metadata": {"name": name, "labels": labels,
@@ -257,7 +285,8 @@ class FakeCluster:
             return
         env = {e["name"]: e.get("value", "") for e in container.get("env") or []}
         sandbox_spec = SandboxSpec(image=image, workdir=container.get("workingDir") or "/",
-                                   env=env)
+                                   env=env, resources=limits(container),
+                                   network=self.networks.get((ns, name), Network.HOST))
         try:
             sandbox = await self.backing.create(sandbox_spec)
         except ImageError as exc:

@@ -7,7 +7,7 @@ dropped watches, forbidden verbs, missing CRDs or namespaces).
 The cluster behind it is ``FakeCluster`` (controller.py): it binds claims to warm pools
 and backs each pod with a sandbox from any rollbox backend.
 
-    async with ApiServerEmulator(backing=ShellBackend()) as emu:
+    async with ApiServerEmulator(backing=LocalBackend(state_dir=...)) as emu:
         backend = KubernetesBackend(host=emu.url)
 """
 
@@ -34,6 +34,7 @@ KNOWN = {
     ("extensions.agents.x-k8s.io", "sandboxwarmpools"),
     ("extensions.agents.x-k8s.io", "sandboxclaims"),
 }
+EXEC_OUTPUT_CEILING = 512 * 1024 * 1024
 _PATH = re.compile(
     r"^/(?:api/v1|apis/(?P<group>[^/]+)/(?P<version>[^/]+))"
     r"/namespaces/(?P<ns>[^/]+)(?:/(?P<plural>[^/]+)(?:/(?P<name>[^/]+)(?:/(?P<sub>[^/]+))?)?)?$"
@@ -287,20 +288,23 @@ class ApiServerEmulator:
                     break
         status: Obj
         try:
+            # A kubelet streams whatever the command writes: no cap here (the client caps).
             result = await sandbox.exec(argv, stdin=bytes(stdin) if wants_stdin else None,
-                                        timeout=3600)
+                                        timeout=3600, output_limit=EXEC_OUTPUT_CEILING)
             if result.stdout:
                 await ws.send_bytes(b"\x01" + result.stdout)
             if result.stderr:
                 await ws.send_bytes(b"\x02" + result.stderr)
-            if result.exit_code == 0:
+            # A container runtime reports death by signal N as exit code 128+N.
+            code = 128 - result.exit_code if result.exit_code < 0 else result.exit_code
+            if code == 0:
                 status = {"metadata": {}, "status": "Success"}
             else:
                 status = {"metadata": {}, "status": "Failure", "reason": "NonZeroExitCode",
                           "message": f"command terminated with non-zero exit code: "
-                                     f"{result.exit_code}",
+                                     f"{code}",
                           "details": {"causes": [{"reason": "ExitCode",
-                                                  "message": str(result.exit_code)}]}}
+                                                  "message": str(code)}]}}
         except Exception as exc:  # the runtime could not start it
             status = {"metadata": {}, "status": "Failure", "reason": "InternalError",
                       "message": f"exec failed: {exc}"}

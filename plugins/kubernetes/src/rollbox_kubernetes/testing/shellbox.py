@@ -1,6 +1,8 @@
 """A backing backend for the emulator's pods: real commands under bubblewrap.
 
-Stand-in for ``rollbox_local.LocalBackend`` until it is ready. The host's root is
+The tests back pods with ``rollbox_local.LocalBackend``; this lighter stand-in stays for
+the request-count benchmark, which starts 1,000+ pods and needs no isolation or limits,
+only commands that run. The host's root is
 mounted read-only, the spec's ``workdir`` is a fresh writable directory per sandbox,
 ``/tmp`` is private; PID namespace unshared. Every image name is "the host", except
 names listed in ``missing`` (they raise ImageNotFoundError, as a failed pull would).
@@ -47,9 +49,16 @@ class ShellSandbox(Sandbox):
         self.closed = False
 
     def _argv(self, request: ExecRequest) -> list[str]:
-        argv = [bwrap_path(), "--ro-bind", "/", "/", "--bind", str(self.root), self.spec.workdir,
-                "--tmpfs", "/tmp", "--dev", "/dev", "--proc", "/proc", "--unshare-pid",
-                "--die-with-parent", "--chdir", request.cwd, "--clearenv"]
+        """Private, persistent writable dirs: the workdir, /tmp, /var/tmp and $HOME."""
+        home = request.env.get("HOME", "/root")
+        for sub in ("work", "tmp", "vartmp", "home"):
+            (self.root / sub).mkdir(exist_ok=True)
+        argv = [bwrap_path(), "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc",
+                "--bind", str(self.root / "tmp"), "/tmp",
+                "--bind", str(self.root / "vartmp"), "/var/tmp",
+                "--bind", str(self.root / "home"), home,
+                "--bind", str(self.root / "work"), self.spec.workdir,
+                "--unshare-pid", "--die-with-parent", "--chdir", request.cwd, "--clearenv"]
         for key, value in request.env.items():
             argv += ["--setenv", key, value]
         return [*argv, "--", *request.argv]
