@@ -61,6 +61,9 @@ class PoolPolicy:
 
     name: ClassVar[str] = "base"
     reuse: ClassVar[bool] = True
+    counts_leased: ClassVar[bool] = False
+    """True: ``warm_target`` counts leased sandboxes too (a pool of fixed size whose
+    members come back by reset); False: it counts idle ones only (ready on demand)."""
 
     def warm_target(self, spec: SandboxSpec) -> int:
         """How many idle sandboxes of ``spec`` the filler should keep ready."""
@@ -85,9 +88,12 @@ class NoPoolPolicy(PoolPolicy):
 
 
 class StaticPoolPolicy(PoolPolicy):
-    """Keep ``size`` idle sandboxes per spec that has been asked for; reuse by reset."""
+    """``size`` sandboxes per spec that has been asked for, reused by reset: leased ones
+    count, so handing one out does not start a create that its return would make
+    surplus."""
 
     name = "static"
+    counts_leased = True
 
     def __init__(self, size: int = 4, specs: Iterable[SandboxSpec] = ()) -> None:
         self.size = size
@@ -110,6 +116,7 @@ class Quarantined:
 class _SpecState:
     def __init__(self) -> None:
         self.idle: deque[Sandbox] = deque()
+        self.leased = 0
         self.creating = 0
         self.filling = 0  # of ``creating``: warm creates by the filler
         self.expecting = 0  # acquirers waiting for one of those instead of creating
@@ -179,6 +186,7 @@ class Pool:
             self.metrics.failure(error)
             raise error from None
         self._leased.add(sandbox)
+        self._state(spec).leased += 1
         self.metrics.observe("queue_wait", loop.time() - requested)
         self._kick(spec)
         return Lease(self, sandbox, spec, requested)
@@ -194,7 +202,9 @@ class Pool:
             return
         lease.released = True
         sandbox = lease.raw
-        self._leased.discard(sandbox)
+        if sandbox in self._leased:
+            self._leased.discard(sandbox)
+            self._state(lease.spec).leased -= 1
         try:
             keep = (
                 outcome is Outcome.OK
@@ -240,6 +250,7 @@ class Pool:
         self._leased.clear()
         for state in self._specs.values():
             state.idle.clear()
+            state.leased = 0
         await asyncio.gather(*(self._close(s) for s in victims), return_exceptions=True)
         await self._notify_room()
 
@@ -363,19 +374,23 @@ class Pool:
         async with self._room:
             self._room.notify_all()
 
+    def _short_of_target(self, spec: SandboxSpec, state: _SpecState) -> bool:
+        have = len(state.idle) + state.creating
+        if self.policy.counts_leased:
+            have += state.leased
+        return have < self.policy.warm_target(spec)
+
     def _kick(self, spec: SandboxSpec) -> None:
         state = self._state(spec)
         if self._closed or (state.filler is not None and not state.filler.done()):
             return
-        if len(state.idle) + state.creating < self.policy.warm_target(spec):
+        if self._short_of_target(spec, state):
             state.filler = asyncio.ensure_future(self._fill(spec))
 
     async def _fill(self, spec: SandboxSpec) -> None:
         state = self._state(spec)
         failures = 0
-        while not self._closed and len(state.idle) + state.creating < self.policy.warm_target(
-            spec
-        ):
+        while not self._closed and self._short_of_target(spec, state):
             if self.max_sandboxes is not None and self.live >= self.max_sandboxes:
                 return
             state.filling += 1

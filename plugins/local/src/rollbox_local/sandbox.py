@@ -93,7 +93,9 @@ class LocalSandbox(Sandbox):
     def _prepare_standby(self) -> None:
         """In use: boot the next generation meanwhile, so that reset is a swap.
 
-        Called after a command's result is in, to stay off that command's latency."""
+        Called once a command is on its way: the zygote starts the (niced) bwrap, so the
+        command's own latency barely notices, and the standby gets the command's whole
+        run time as a head start."""
         if self._standby is None and not self._closed:
             self._standby = asyncio.ensure_future(
                 boot_generation(self, next(self._numbers), standby=True))
@@ -182,12 +184,12 @@ class LocalSandbox(Sandbox):
         loop = asyncio.get_running_loop()
         started = loop.time()
         ex = self._launch(request)
+        self._prepare_standby()
         try:
             await self._await_end(ex, request)
             ex.drain()
         finally:
             ex.close()
-            self._prepare_standby()
         out, err = ex.captures["stdout"], ex.captures["stderr"]
         return ExecResult(
             exit_code=await self._exit_code(ex, request),

@@ -1,0 +1,65 @@
+"""benchmarks/bench_local.py --quick runs end to end and reports sane numbers.
+
+No timing assertions: the machine's load decides those. This keeps the script from
+rotting as the backend and the pool change under it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_local.py"
+
+
+def _sane(summary: dict[str, float], count: int) -> None:
+    assert summary["count"] == count
+    for key in ("p50", "p99", "max"):
+        assert math.isfinite(summary[key]) and summary[key] > 0, summary
+    assert summary["p50"] <= summary["p99"] <= summary["max"]
+
+
+@pytest.mark.slow
+def test_quick_run_reports_every_measure(tmp_path: Path) -> None:
+    out = tmp_path / "bench.json"
+    done = subprocess.run(
+        [sys.executable, str(SCRIPT), "--quick", "--json", str(out)],
+        capture_output=True, text=True, timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    r: dict[str, Any] = json.loads(out.read_text())
+    cfg = r["config"]
+
+    for run in r["ttfc"].values():
+        assert run["failures"] == {} and run["leftovers"] == []
+        _sane(run["ttfc_ms"], run["acquires"])
+    fixed = r["ttfc"]["in_use"]
+    assert fixed["creations"] == 1 and fixed["resets"] == cfg["ttfc_n"]  # reused in place
+    _sane(r["cold_create"]["first_result_ms"], cfg["cold_n"])
+    _sane(r["exec"]["exec_ms"], cfg["exec_n"])
+    for run in r["reset"].values():
+        _sane(run["reset_ms"], cfg["reset_n"])
+        assert run["files"] == cfg["reset_files"] and run["leftovers"] == []
+
+    idle = r["idle"]
+    assert idle["agents"] == cfg["idle_n"] and idle["processes"] > idle["agents"]
+    assert idle["total_pss_mib"] > 0 and idle["pss_by_kind_mib"]["agent"] > 0
+    assert idle["leftovers"] == []
+
+    rex = r["swerex"]
+    if "skipped" in rex:
+        assert "uv sync --group bench" in rex["skipped"]
+    else:
+        _sane(rex["start_first_command_ms"], cfg["rex_starts"])
+        _sane(rex["run_in_session_ms"], cfg["rex_session_execs"])
+        assert "SWE-ReX run_in_session" in done.stdout
+
+    for label in ("warm TTFC", "cold create", "exec `true`", "reset after", "idle sandboxes",
+                  "left behind"):
+        assert label in done.stdout, done.stdout
