@@ -28,7 +28,7 @@ class TestLocalConformance(BackendTests):
         current = sandbox._current
         assert current is not None
         current.signal_kill()
-        await asyncio.wait([current.agent.exited, current.instance.exited])
+        await asyncio.wait(current.exits)
 
     async def inject_create_failure(self, backend: Backend) -> None:
         """The next create runs a bwrap that does not exist; later ones are normal."""

@@ -6,6 +6,8 @@ background (a standby), so that reset is a swap and not a wait.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,38 +27,74 @@ STANDBY_NICE = 10
 @dataclass
 class Generation:
     instance: Instance
-    agent: AgentChannel
     upper: Path
     work: Path
+    agent: AgentChannel | None = None
+    """None until the first command: an idle warm sandbox costs only its bwrap."""
 
     def __post_init__(self) -> None:
+        self._agent_boot: asyncio.Task[AgentChannel] | None = None
         # Either one dying means the sandbox is lost: take the other down with it, so
         # that running commands end (and surface SandboxLostError) at once.
-        self.instance.exited.add_done_callback(lambda _: self.agent.signal_kill())
-        self.agent.exited.add_done_callback(lambda _: self.instance.signal_kill())
+        self.instance.exited.add_done_callback(self._holder_died)
+
+    def _holder_died(self, _: object) -> None:
+        if self.agent is not None:
+            self.agent.signal_kill()
+
+    def _attach(self, agent: AgentChannel) -> AgentChannel:
+        if self.agent is agent:  # a concurrent caller attached it already
+            return agent
+        self.agent = agent
+        agent.exited.add_done_callback(lambda _: self.instance.signal_kill())
+        if not self.instance.alive:
+            agent.signal_kill()
+        return agent
+
+    async def start_agent(self, sandbox: LocalSandbox) -> AgentChannel:
+        """The agent, booted on first need (concurrent callers share one boot)."""
+        if self.agent is not None:
+            return self.agent
+        if self._agent_boot is None:
+            self._agent_boot = asyncio.ensure_future(sandbox.backend.zygote.boot_agent(
+                holder=self.instance.holder, rlimits=sandbox.rlimits, sandbox_id=sandbox.id,
+                timeout=sandbox.spec.timeouts.create_s,
+            ))
+        return self._attach(await asyncio.shield(self._agent_boot))
 
     @property
     def alive(self) -> bool:
-        return self.instance.alive and self.agent.alive
+        return self.instance.alive and (self.agent is None or self.agent.alive)
+
+    @property
+    def exits(self) -> list[asyncio.Future[None]]:
+        return [self.instance.exited] + ([self.agent.exited] if self.agent else [])
 
     def signal_kill(self) -> None:
         """Kill every process of this generation without waiting for the teardown
         (unmounting a layer with many files takes milliseconds; nobody needs to wait)."""
-        self.agent.signal_kill()
+        if self.agent is not None:
+            self.agent.signal_kill()
         self.instance.signal_kill()
 
     async def stop(self) -> None:
         """Kill every process of this generation (its writable layer stays on disk)."""
-        await self.agent.kill()
-        self.agent.close()
+        if self._agent_boot is not None and self.agent is None:
+            with contextlib.suppress(Exception):
+                self._attach(await self._agent_boot)
+        if self.agent is not None:
+            await self.agent.kill()
+            self.agent.close()
         await self.instance.kill()
 
 
 async def boot_generation(sandbox: LocalSandbox, number: int, *,
                           standby: bool = False) -> Generation:
-    """Start a fresh instance over a new, empty writable layer, and its agent.
+    """Start a fresh instance over a new, empty writable layer.
 
-    A standby's bwrap runs niced: nobody waits for it, commands running now do."""
+    A standby (the next generation of a sandbox in use) gets its agent at once, and its
+    bwrap runs niced: nobody waits for it, commands running now do. A new sandbox gets
+    its agent with its first command, so that idle warm sandboxes stay small."""
     backend = sandbox.backend
     upper, work = sandbox.directory / f"upper{number}", sandbox.directory / f"work{number}"
     for path in (upper, work):
@@ -82,12 +120,11 @@ async def boot_generation(sandbox: LocalSandbox, number: int, *,
         log_path=str(sandbox.directory / f"bwrap{number}.log"),
         nice=STANDBY_NICE if standby else 0,
     )
-    try:
-        agent = await backend.zygote.boot_agent(
-            holder=instance.holder, rlimits=sandbox.rlimits, sandbox_id=sandbox.id,
-            timeout=sandbox.spec.timeouts.create_s,
-        )
-    except BaseException:
-        await instance.kill()
-        raise
-    return Generation(instance, agent, upper, work)
+    generation = Generation(instance, upper, work)
+    if standby:
+        try:
+            await generation.start_agent(sandbox)
+        except BaseException:
+            await generation.stop()
+            raise
+    return generation

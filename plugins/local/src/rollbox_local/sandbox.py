@@ -43,6 +43,7 @@ from rollbox_local.execution import Execution
 from rollbox_local.generation import Generation, boot_generation
 from rollbox_local.layers import remove_tree
 from rollbox_local.pathsafe import acting_as, make_parents, open_in_root
+from rollbox_local.zygote import AgentChannel
 
 if TYPE_CHECKING:
     from rollbox_local.backend import LocalBackend
@@ -144,9 +145,15 @@ class LocalSandbox(Sandbox):
 
     # -- commands ------------------------------------------------------------------------
 
-    def _launch(self, request: ExecRequest, *,
+    async def _agent(self) -> AgentChannel:
+        try:
+            return await self._live().start_agent(self)
+        except SandboxError as exc:
+            raise SandboxLostError(f"sandbox {self.id}: {exc.message}",
+                                   sandbox_id=self.id) from exc
+
+    def _launch(self, agent: AgentChannel, request: ExecRequest, *,
                 on_chunk: Callable[[str, bytes], None] | None = None) -> Execution:
-        agent = self._live().agent
         stdin_r, stdin_w = os.pipe2(os.O_CLOEXEC)
         out_r, out_w = os.pipe2(os.O_CLOEXEC)
         err_r, err_w = os.pipe2(os.O_CLOEXEC)
@@ -172,7 +179,7 @@ class LocalSandbox(Sandbox):
         )
 
     def _tell(self, message: dict[str, int | str]) -> bool:
-        if self._current is None:
+        if self._current is None or self._current.agent is None:
             return False
         try:
             self._current.agent.send(message)
@@ -183,7 +190,7 @@ class LocalSandbox(Sandbox):
     async def run(self, request: ExecRequest) -> ExecResult:
         loop = asyncio.get_running_loop()
         started = loop.time()
-        ex = self._launch(request)
+        ex = self._launch(await self._agent(), request)
         self._prepare_standby()
         try:
             await self._await_end(ex, request)
@@ -249,8 +256,7 @@ class LocalSandbox(Sandbox):
         if current is not None:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(asyncio.wait(
-                    [current.instance.exited, current.agent.exited],
-                    return_when=asyncio.FIRST_COMPLETED), 0.5)
+                    current.exits, return_when=asyncio.FIRST_COMPLETED), 0.5)
         if current is None or not current.alive:
             raise SandboxLostError(
                 f"sandbox {self.id} died while running {request.argv[-1][:80]!r}; retry on a "
@@ -259,7 +265,7 @@ class LocalSandbox(Sandbox):
         return -signal.SIGKILL  # the agent was killed from inside the sandbox
 
     async def start(self, request: ExecRequest) -> Process:
-        process = LocalProcess(self, request)
+        process = LocalProcess(self, await self._agent(), request)
         self._prepare_standby()
         return process
 
@@ -329,11 +335,11 @@ class LocalSandbox(Sandbox):
 class LocalProcess(Process):
     """A streaming command: chunks as they arrive, stdin, signals."""
 
-    def __init__(self, sandbox: LocalSandbox, request: ExecRequest) -> None:
+    def __init__(self, sandbox: LocalSandbox, agent: AgentChannel, request: ExecRequest) -> None:
         self._sandbox = sandbox
         self._request = request
         self._queue: asyncio.Queue[OutputChunk | None] = asyncio.Queue()
-        self._ex = sandbox._launch(request, on_chunk=self._chunk)
+        self._ex = sandbox._launch(agent, request, on_chunk=self._chunk)
         self._ex.streams_closed.add_done_callback(lambda _: self._queue.put_nowait(None))
         self._ex.ended.add_done_callback(self._on_end)
         self._budget = {"stdout": request.output_limit, "stderr": request.output_limit}
