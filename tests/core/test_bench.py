@@ -13,7 +13,8 @@ from rollbox.bench_cli import parse_chaos, render_table
 from rollbox.errors import UsageError
 
 SMALL = {"backend": "fake", "images": 8, "rollouts_per_task": 4, "concurrency": 2,
-         "padding_bytes": 0, "fake_create_delay_s": 0.01, "fake_exec_delay_s": 0.002}
+         "padding_bytes": 0, "fake_create_delay_s": 0.01, "fake_exec_delay_s": 0.002,
+         "think_s": 0.0}
 
 
 async def test_report_has_both_arms_and_adds_up() -> None:
@@ -51,20 +52,24 @@ async def test_chaos_run_accounts_for_every_fault() -> None:
 def test_cli_writes_strict_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "report.json"
     code = cli.main(["bench", "--backend", "fake", "--images", "4", "--rollouts", "2",
-                     "--concurrency", "2", "--padding-mb", "0", "--json", str(out)])
+                     "--concurrency", "2", "--padding-mb", "0", "--think-ms", "0",
+                     "--json", str(out)])
     captured = capsys.readouterr()
     assert code == 0
     assert "[rollbox] 8/8 rollouts" in captured.err  # progress goes to stderr
     assert "TTFC mean" in captured.out
     report = json.loads(out.read_text(), parse_constant=lambda c: pytest.fail(f"{c} in JSON"))
     assert report["arms"]["baseline"]["rollouts"]["requested"] == 8
+    assert report["workload"]["think_s"] == 0.0
+    for arm in report["arms"].values():
+        assert arm["leftovers"] == [] and arm["rss_bytes"]["peak"] > 0
 
 
 def test_cli_plot(tmp_path: Path) -> None:
     pytest.importorskip("matplotlib")
     png = tmp_path / "ttfc.png"
     code = cli.main(["bench", "--backend", "fake", "--images", "3", "--rollouts", "2",
-                     "--padding-mb", "0", "--quiet", "--plot", str(png)])
+                     "--padding-mb", "0", "--think-ms", "0", "--quiet", "--plot", str(png)])
     assert code == 0
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
@@ -93,3 +98,30 @@ def test_default_capacity_is_smaller_than_the_corpus() -> None:
     config = BenchConfig()
     source = SyntheticSource(config.images, padding_bytes=config.padding_bytes, kind="fake")
     assert config.capacity(source) < source.corpus_bytes
+
+
+def test_think_time_reaches_the_policy_and_the_report() -> None:
+    import argparse
+
+    from rollbox.bench_cli import config_from, configure
+
+    parser = argparse.ArgumentParser()
+    configure(parser)
+    args = parser.parse_args(["--think-ms", "40"])
+    assert config_from(args).think_s == 0.04
+    assert BenchConfig().think_s > 0  # the default run models policy latency
+
+
+def test_a_leftover_on_the_backend_fails_the_run(monkeypatch: pytest.MonkeyPatch,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    from rollbox.testing.fake import FakeBackend
+
+    async def stray(self: FakeBackend) -> list[str]:
+        return ["sandbox fake-1 is still open"]
+
+    monkeypatch.setattr(FakeBackend, "leftovers", stray)
+    code = cli.main(["bench", "--backend", "fake", "--images", "2", "--rollouts", "2",
+                     "--padding-mb", "0", "--think-ms", "0", "--quiet"])
+    captured = capsys.readouterr()
+    assert code == 1
+    assert "left behind on the backend: baseline 1, rollbox 1" in captured.out

@@ -5,6 +5,7 @@ from __future__ import annotations
 import shutil
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 from rollbox.errors import UsageError
@@ -85,3 +86,47 @@ def test_local_layouts_are_written(tmp_path: Path) -> None:
     assert source.build() == paths  # complete layouts are reused, not rewritten
     assert [(p / "index.json").stat().st_mtime_ns for p in paths] == stamp
     assert next(iter(source.tasks())).spec.image == str(paths[0])
+
+
+def test_think_time_is_seeded_and_averages_its_mean() -> None:
+    from rollbox.synthetic import ThinkTime
+
+    think = ThinkTime(0.2, seed=3)
+    draws = [think.draw(t, r, s) for t in range(40) for r in range(4) for s in (1, 2, 3)]
+    assert draws == [ThinkTime(0.2, seed=3).draw(t, r, s)
+                     for t in range(40) for r in range(4) for s in (1, 2, 3)]
+    assert draws != [ThinkTime(0.2, seed=4).draw(t, r, s)
+                     for t in range(40) for r in range(4) for s in (1, 2, 3)]
+    assert all(d > 0 for d in draws) and len(set(draws)) == len(draws)
+    assert 0.18 < sum(draws) / len(draws) < 0.22  # log-normal with that mean (480 draws)
+    assert ThinkTime(0.0).draw(1, 2, 3) == 0.0
+    for bad in (-1.0, float("nan"), float("inf")):
+        with pytest.raises(UsageError):
+            ThinkTime(bad)
+
+
+async def test_scripted_policy_thinks_between_actions_not_before_the_first() -> None:
+    source = SyntheticSource(2, kind="fake", padding_bytes=0, think_s=0.01, seed=5)
+    backend = source.fake_backend()
+    events: list[str] = []
+    run_command, pause = backend.handler, source.think.pause
+
+    async def logged_command(sandbox: Any, request: Any) -> Any:
+        events.append(request.argv[-1].split()[0])
+        return await run_command(sandbox, request)
+
+    async def logged_pause(task: int, rollout: int, step: int) -> None:
+        events.append(f"think{step}")
+        await pause(task, rollout, step)
+
+    backend.handler = logged_command
+    source.think.pause = logged_pause  # type: ignore[method-assign]
+    async with Pool(backend) as pool:
+        report = await run_rollouts(pool, list(source.tasks()), 2, concurrency=1)
+    assert report.succeeded == 4
+    one = ["README.md", "think1", "python3", "think2", "think3", "python3"]
+    assert events == one * 4  # reset command first, then a pause before every action
+    for result in report.results:
+        n = int(result.task_id.rsplit("-", 1)[1])
+        thought = sum(source.think.draw(n, result.index, step) for step in (1, 2, 3))
+        assert result.duration_s >= thought  # each pause lasts at least its draw

@@ -47,10 +47,12 @@ def test_quick_run_reports_every_measure(tmp_path: Path) -> None:
         _sane(run["reset_ms"], cfg["reset_n"])
         assert run["files"] == cfg["reset_files"] and run["leftovers"] == []
 
-    idle = r["idle"]
-    assert idle["agents"] == cfg["idle_n"] and idle["processes"] > idle["agents"]
-    assert idle["total_pss_mib"] > 0 and idle["pss_by_kind_mib"]["agent"] > 0
-    assert idle["leftovers"] == []
+    reserve, ready = r["idle"]["reserve"], r["idle"]["ready"]
+    assert reserve["agents"] == 0 and reserve["processes"] == 2 * cfg["idle_n"]
+    assert ready["agents"] == cfg["idle_n"] and ready["processes"] > ready["agents"]
+    assert ready["pss_by_kind_mib"]["agent"] > 0
+    for idle in (reserve, ready):
+        assert idle["total_pss_mib"] > 0 and idle["leftovers"] == []
 
     rex = r["swerex"]
     if "skipped" in rex:

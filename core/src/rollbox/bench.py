@@ -189,7 +189,8 @@ async def _run_arm(
         finally:
             await pool.close()
         leaked = pool.live
-        leftovers = await _leftovers(chaos.inner if chaos is not None else backend)
+        inner = chaos.inner if chaos is not None else backend
+        leftovers = await _leftovers(inner)
     ttfc = metrics.summary("ttfc")
     rollouts = report.as_dict()["rollouts"]
     return {
@@ -212,6 +213,7 @@ async def _run_arm(
         "mean_reward": report.as_dict()["mean_reward"],
         "leaked_sandboxes": leaked,
         "leftovers": leftovers,
+        "image_store": _image_store_stats(inner),
         "rss_bytes": {"start": rss_start, "end": _rss_bytes(), "peak": _peak_rss_bytes()},
         "warmup_s": warmup_s,
         "wall_s": warmup_s + report.wall_s,
@@ -236,6 +238,16 @@ async def _leftovers(backend: Backend) -> list[str] | None:
     if inspect.isawaitable(found):
         found = await found
     return [str(item) for item in found]
+
+
+def _image_store_stats(backend: Backend) -> dict[str, int] | None:
+    """Hydrations and evictions of the backend's image store, if it keeps such counts
+    (the local backend does): shows that a corpus larger than the store cycles."""
+    stats = getattr(getattr(backend, "images", None), "stats", None)
+    counts = {k: getattr(stats, k, None) for k in ("hydrations", "evictions")}
+    if any(not isinstance(v, int) for v in counts.values()):
+        return None
+    return {k: int(v) for k, v in counts.items() if v is not None}
 
 
 def _rss_bytes() -> int:

@@ -135,6 +135,7 @@ class Pool:
         create_rate: float | None = None,
         create_burst: int = 8,
         health_check: bool = True,
+        prepare: bool = True,
         metrics: Metrics | None = None,
         on_failure: FailureObserver | None = None,
     ) -> None:
@@ -143,6 +144,10 @@ class Pool:
         self.max_sandboxes = max_sandboxes
         self.limiter = TokenBucket(create_rate, create_burst) if create_rate else None
         self.health_check = health_check
+        self.prepare = prepare
+        """Call ``Sandbox.prepare()`` on every sandbox created, so a warm one answers its
+        first command at full speed. False keeps idle sandboxes as small as the backend
+        can (e.g. thousands held in reserve) at the cost of a slower first command."""
         self.metrics = metrics or Metrics()
         self.on_failure = on_failure
         self.quarantined: deque[Quarantined] = deque(maxlen=1000)
@@ -321,6 +326,13 @@ class Pool:
             except SandboxError as error:
                 self._count_failure(error, spec)
                 raise
+            if self.prepare:
+                try:
+                    await sandbox.prepare()
+                except SandboxError as error:
+                    self._count_failure(error, spec)
+                    await self._close(sandbox)
+                    raise
             self.metrics.observe("create", loop.time() - started)
             self.metrics.count("creations")
             self.metrics.count("mutations")
@@ -480,6 +492,9 @@ class MeteredSandbox(Sandbox):
 
     async def ping(self) -> bool:
         return await self._inner.ping()
+
+    async def prepare(self) -> None:
+        await self._inner.prepare()
 
     async def close(self) -> None:
         """Closing a leased sandbox gives it back as broken."""

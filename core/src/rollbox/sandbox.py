@@ -174,6 +174,11 @@ class Sandbox(ABC):
     async def snapshot(self) -> Snapshot:
         raise CapabilityNotSupportedError(f"{type(self).__name__} does not support snapshots")
 
+    async def prepare(self) -> None:
+        """Get ready for a fast first command (start helpers a backend starts lazily).
+
+        Pools call it on sandboxes they create; the default does nothing."""
+
     async def ping(self) -> bool:
         """Cheap health check before a pool hands the sandbox out."""
         try:

@@ -277,7 +277,6 @@ class ScriptedPolicy:
         return rng.random() < self.p_correct
 
     async def __call__(self, sandbox: Sandbox, task: Task, index: int) -> RolloutOutput:
-        # First action, as an agent's: read the task statement (this is what TTFC times).
         # The first command is the environment's reset (read the task statement), run as
         # soon as the sandbox is there; the model thinks before each later action.
         statement = await sandbox.exec(["cat", "README.md"], cwd=REPO)
