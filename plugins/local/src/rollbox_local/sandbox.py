@@ -50,6 +50,7 @@ if TYPE_CHECKING:
     from rollbox_local.images import Image
 
 KILL_GRACE_S = 2.0
+STANDBY_DELAY_S = 0.005
 
 
 class LocalSandbox(Sandbox):
@@ -73,6 +74,7 @@ class LocalSandbox(Sandbox):
         self._standby: asyncio.Task[Generation] | None = None
         self._numbers = itertools.count()
         self._request_ids = itertools.count(1)
+        self._standby_due = False
         self._closed = False
 
     # -- lifecycle -----------------------------------------------------------------------
@@ -91,13 +93,21 @@ class LocalSandbox(Sandbox):
             )
         return current
 
-    def _prepare_standby(self) -> None:
+    def _schedule_standby(self) -> None:
+        if self._standby is None and not self._standby_due:
+            self._standby_due = True
+            asyncio.get_running_loop().call_later(
+                STANDBY_DELAY_S, self._prepare_standby, self._current)
+
+    def _prepare_standby(self, for_generation: Generation | None) -> None:
         """In use: boot the next generation meanwhile, so that reset is a swap.
 
-        Called once a command is on its way: the zygote starts the (niced) bwrap, so the
-        command's own latency barely notices, and the standby gets the command's whole
-        run time as a head start."""
-        if self._standby is None and not self._closed:
+        Scheduled STANDBY_DELAY_S after a generation's first command starts: a quick
+        first command (the one TTFC measures) is over before the boot competes for the
+        CPU, and a long one gives the standby its run time as a head start."""
+        self._standby_due = False
+        in_use = for_generation is not None and self._current is for_generation
+        if self._standby is None and not self._closed and in_use:
             self._standby = asyncio.ensure_future(
                 boot_generation(self, next(self._numbers), standby=True))
 
@@ -195,7 +205,7 @@ class LocalSandbox(Sandbox):
         loop = asyncio.get_running_loop()
         started = loop.time()
         ex = self._launch(await self._agent(), request)
-        self._prepare_standby()
+        self._schedule_standby()
         try:
             await self._await_end(ex, request)
             ex.drain()
@@ -270,7 +280,7 @@ class LocalSandbox(Sandbox):
 
     async def start(self, request: ExecRequest) -> Process:
         process = LocalProcess(self, await self._agent(), request)
-        self._prepare_standby()
+        self._schedule_standby()
         return process
 
     # -- files ---------------------------------------------------------------------------
