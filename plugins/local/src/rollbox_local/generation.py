@@ -88,13 +88,14 @@ class Generation:
         await self.instance.kill()
 
 
-async def boot_generation(sandbox: LocalSandbox, number: int, *,
-                          standby: bool = False) -> Generation:
+async def boot_generation(sandbox: LocalSandbox, number: int, *, agent: bool = False,
+                          background: bool = False) -> Generation:
     """Start a fresh instance over a new, empty writable layer.
 
-    A standby (the next generation of a sandbox in use) gets its agent at once, and its
-    bwrap runs niced: nobody waits for it, commands running now do. A new sandbox gets
-    its agent with its first command, so that idle warm sandboxes stay small."""
+    ``agent``: start the agent now (a sandbox in use: its next generation will be used
+    too). A new sandbox gets its agent with its first command (or ``prepare()``), so
+    that idle reserves stay small. ``background``: nobody waits for this boot (a
+    standby), so its bwrap runs niced and commands running now keep the CPU."""
     backend = sandbox.backend
     upper, work = sandbox.directory / f"upper{number}", sandbox.directory / f"work{number}"
     for path in (upper, work):
@@ -118,10 +119,10 @@ async def boot_generation(sandbox: LocalSandbox, number: int, *,
         timeout=sandbox.spec.timeouts.create_s,
         sandbox_id=sandbox.id,
         log_path=str(sandbox.directory / f"bwrap{number}.log"),
-        nice=STANDBY_NICE if standby else 0,
+        nice=STANDBY_NICE if background else 0,
     )
     generation = Generation(instance, upper, work)
-    if standby:
+    if agent:
         try:
             await generation.start_agent(sandbox)
         except BaseException:

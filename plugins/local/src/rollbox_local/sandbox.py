@@ -109,7 +109,7 @@ class LocalSandbox(Sandbox):
         in_use = for_generation is not None and self._current is for_generation
         if self._standby is None and not self._closed and in_use:
             self._standby = asyncio.ensure_future(
-                boot_generation(self, next(self._numbers), standby=True))
+                boot_generation(self, next(self._numbers), agent=True, background=True))
 
     async def prepare(self) -> None:
         """Start the agent now rather than with the first command (about 2 ms)."""
@@ -131,9 +131,9 @@ class LocalSandbox(Sandbox):
                 try:
                     fresh = await standby
                 except SandboxError:
-                    fresh = await boot_generation(self, next(self._numbers))
+                    fresh = await boot_generation(self, next(self._numbers), agent=True)
             else:
-                fresh = await boot_generation(self, next(self._numbers))
+                fresh = await boot_generation(self, next(self._numbers), agent=True)
         except SandboxError as exc:
             raise ResetFailedError(f"sandbox {self.id} did not come back: {exc.message}",
                                    sandbox_id=self.id) from exc
