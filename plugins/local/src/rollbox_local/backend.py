@@ -66,6 +66,7 @@ class LocalBackend(Backend):
         if self.ids is not None:
             self._check_reachable()
         capacity = image_capacity_bytes or _capacity_from_env()  # UsageError if malformed
+        self._owns_images = images is None
         self.images = images or ImageStore(
             self.state_dir / "images", capacity_bytes=capacity,
             owner_uid=self.ids[0] if self.ids else None,
@@ -231,6 +232,8 @@ class LocalBackend(Backend):
                              return_exceptions=True)
         if self._background:
             await asyncio.gather(*self._background, return_exceptions=True)
+        if self._owns_images:
+            await self.images.aclose()
         self.zygote.close()
         if self._block is not None:
             for fd in self._block:

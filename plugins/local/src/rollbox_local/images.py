@@ -31,11 +31,14 @@ import contextlib
 import functools
 import json
 import logging
+import multiprocessing
 import os
 import secrets
+import threading
 import time
 from collections import Counter
 from collections.abc import Collection, Mapping, Sequence
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
@@ -197,6 +200,8 @@ class ImageStore:
         self._hint_task: asyncio.Task[None] | None = None
         self._hint_errors: dict[str, ImageError] = {}
         self._background: set[asyncio.Task[Any]] = set()
+        self._unpacker: ProcessPoolExecutor | None = None
+        self._unpacker_lock = threading.Lock()
         self._clean_leftovers()
         self._load_entries()
 
@@ -344,12 +349,16 @@ class ImageStore:
             await asyncio.gather(*pending, return_exceptions=True)
 
     async def aclose(self) -> None:
-        """Stop background hints and wait for hydrations and deletions in flight."""
+        """Stop background hints, wait for hydrations and deletions in flight, and stop
+        the unpacking worker."""
         if self._hint_task is not None:
             self._hint_task.cancel()
         pending = list(self._background)
         if pending:
             await asyncio.gather(*pending, return_exceptions=True)
+        if self._unpacker is not None:
+            self._unpacker.shutdown(wait=True)
+            self._unpacker = None
 
     def _stored_digest(self, ref: str) -> str:
         """The digest a name, path or digest refers to, without probing anything."""
@@ -477,8 +486,9 @@ class ImageStore:
         staging = self._tmp / f"{os.getpid()}-{secrets.token_hex(6)}"
         staging.mkdir()
         try:
-            unpacked = oci.unpack(plan.probe, staging / "rootfs", owner_uid=self.owner_uid,
-                                  owner_gid=self.owner_gid)
+            unpacked = self._unpacker_pool().submit(
+                oci.unpack, plan.probe, staging / "rootfs", owner_uid=self.owner_uid,
+                owner_gid=self.owner_gid).result()
             if plan.digest is not None and plan.probe.kind != "dir" and (
                     unpacked.digest != plan.digest):
                 raise ImageCorruptError(f"{plan.probe.path} changed while it was unpacked")
@@ -492,6 +502,16 @@ class ImageStore:
             oci.force_rmtree(staging)
             raise
         return staging, unpacked, time.monotonic() - start
+
+    def _unpacker_pool(self) -> ProcessPoolExecutor:
+        """Worker processes (one per core, up to 4) unpack layers: decompressing and
+        untarring in Python would otherwise hold the GIL for long stretches and stall
+        the event loop that runs every sandbox's commands."""
+        with self._unpacker_lock:
+            if self._unpacker is None:
+                self._unpacker = ProcessPoolExecutor(
+                    max_workers=min(4, os.cpu_count() or 1), mp_context=multiprocessing.get_context("forkserver"))
+            return self._unpacker
 
     def _install(self, staging: Path, unpacked: oci.Unpacked) -> _Entry:
         """Thread: atomically move a staged image into place (or adopt an identical one
