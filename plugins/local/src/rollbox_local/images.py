@@ -510,7 +510,8 @@ class ImageStore:
         with self._unpacker_lock:
             if self._unpacker is None:
                 self._unpacker = ProcessPoolExecutor(
-                    max_workers=min(4, os.cpu_count() or 1), mp_context=multiprocessing.get_context("forkserver"))
+                    max_workers=min(4, os.cpu_count() or 1),
+                    mp_context=multiprocessing.get_context("forkserver"))
             return self._unpacker
 
     def _install(self, staging: Path, unpacked: oci.Unpacked) -> _Entry:
