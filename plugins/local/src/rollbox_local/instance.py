@@ -27,30 +27,26 @@ READY_POLL_S = 0.0005
 BLOCK_FD, INFO_FD = 3, 4  # where the zygote puts those pipes for bwrap
 
 
-class Instance:
-    def __init__(self, holder: ProcessHandle, monitor: ProcessHandle) -> None:
-        self.process = holder  # the sandbox's holder: keeps namespaces and mounts
-        self.monitor = monitor  # the outer bwrap, the holder's parent
+class Instance(ProcessHandle):
+    """The holder process (it keeps the namespaces and mounts), watched through a pidfd,
+    and the outer bwrap, its parent, which follows it out."""
+
+    def __init__(self, holder: int) -> None:
+        super().__init__(holder)
+        try:
+            self.monitor = ProcessHandle(_parent_of(holder))
+        except BaseException:
+            self.signal_kill()
+            self.release()
+            raise
 
     @property
     def holder(self) -> int:
-        return self.process.pid
-
-    @property
-    def exited(self) -> asyncio.Future[None]:
-        return self.process.exited
-
-    @property
-    def alive(self) -> bool:
-        return self.process.alive
-
-    def signal_kill(self) -> None:
-        """SIGKILL the holder: the namespaces and mounts it keeps go with it."""
-        self.process.signal_kill()
+        return self.pid
 
     async def kill(self) -> None:
         """Kill and wait until the holder and its bwrap parent are gone."""
-        await self.process.kill()
+        await super().kill()
         await asyncio.shield(self.monitor.exited)  # the outer bwrap follows its child at once
         self.monitor.release()
 
@@ -95,26 +91,21 @@ class Instance:
             raise CreateFailedError(f"cannot start bwrap: {exc}", sandbox_id=sandbox_id) from exc
         finally:
             os.close(info_w)
-        process: ProcessHandle | None = None
-        monitor: ProcessHandle | None = None
+        instance: Instance | None = None
         try:
             async with asyncio.timeout(timeout):
                 info = await _read_all(loop, info_r)
                 holder = int(json.loads(info)["child-pid"]) if info else 0
                 if not holder:
                     raise CreateFailedError(_failure(log_path), sandbox_id=sandbox_id)
-                process = ProcessHandle(holder)
-                monitor = ProcessHandle(_parent_of(holder))
+                instance = cls(holder)
                 while not (ready := _caps_dropped(holder)):
                     if ready is None:  # it is gone: bwrap failed
                         raise CreateFailedError(_failure(log_path), sandbox_id=sandbox_id)
                     await asyncio.sleep(READY_POLL_S)
         except BaseException as exc:
-            if process is not None:
-                await process.kill()
-            if monitor is not None:
-                await asyncio.shield(monitor.exited)
-                monitor.release()
+            if instance is not None:
+                await instance.kill()
             if isinstance(exc, TimeoutError):
                 raise CreateFailedError(
                     f"sandbox {sandbox_id} was not ready within {timeout}s", sandbox_id=sandbox_id
@@ -122,7 +113,7 @@ class Instance:
             if isinstance(exc, ProcessLookupError | FileNotFoundError):
                 raise CreateFailedError(_failure(log_path), sandbox_id=sandbox_id) from None
             raise
-        return cls(process, monitor)
+        return instance
 
 
 def _parent_of(pid: int) -> int:

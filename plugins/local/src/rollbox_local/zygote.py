@@ -26,30 +26,12 @@ def _ancillary(fds: Sequence[int]) -> list[tuple[int, int, bytes]]:
     return [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds).tobytes())]
 
 
-class AgentChannel:
+class AgentChannel(ProcessHandle):
     """The backend's end of one sandbox agent's socket, and a pidfd on the agent."""
 
     def __init__(self, sock: socket.socket, pid: int) -> None:
+        super().__init__(pid)  # killing it, its pid namespace's init, kills everything inside
         self.sock = sock
-        self.process = ProcessHandle(pid)  # killing it, the pid namespace's init, kills all
-
-    @property
-    def pid(self) -> int:
-        return self.process.pid
-
-    @property
-    def exited(self) -> asyncio.Future[None]:
-        return self.process.exited
-
-    @property
-    def alive(self) -> bool:
-        return self.process.alive
-
-    def signal_kill(self) -> None:
-        self.process.signal_kill()
-
-    async def kill(self) -> None:
-        await self.process.kill()
 
     def send(self, message: dict[str, Any], fds: Sequence[int] = ()) -> None:
         """Queue a request (never blocks for long: requests are tiny)."""
@@ -58,7 +40,7 @@ class AgentChannel:
     def close(self) -> None:
         self.sock.close()
         if not self.alive:
-            self.process.release()
+            self.release()
 
 
 class Zygote:
