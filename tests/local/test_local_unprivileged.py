@@ -17,7 +17,6 @@ from pathlib import Path
 import pytest
 
 UID = 1000
-REPO = Path(__file__).resolve().parents[2]
 SYSTEM_PYTHON = "/usr/bin/python3"
 
 SCRIPT = r"""
