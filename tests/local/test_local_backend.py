@@ -246,7 +246,7 @@ async def test_reset_removes_the_old_layer_in_the_background(backend: LocalBacke
 async def test_close_while_a_standby_boots_leaves_nothing(backend: LocalBackend) -> None:
     sandbox = await backend.create(HOST)
     await sandbox.exec("true")  # an exec schedules the boot of the next generation
-    while sandbox._standby is None:  # caught within a millisecond of starting
+    while sandbox._standby is None:  # noqa: ASYNC110 (caught within a millisecond of starting)
         await asyncio.sleep(0.001)
     assert not sandbox._standby.done()
     await sandbox.close()
