@@ -204,7 +204,8 @@ class LocalBackend(Backend):
 
         async def finish() -> None:
             await generation.stop()
-            await asyncio.to_thread(_remove_all, [generation.upper, generation.work])
+            for layer in (generation.upper, generation.work):
+                await asyncio.to_thread(remove_tree, layer)
 
         task = asyncio.ensure_future(finish())
         self._background.add(task)
@@ -257,11 +258,6 @@ def _bwrap_processes(marker: bytes) -> list[int]:
         if b"bwrap" in cmdline.split(b"\0", 1)[0] and marker in cmdline:
             pids.append(int(entry.name))
     return pids
-
-
-def _remove_all(paths: list[Path]) -> None:
-    for path in paths:
-        remove_tree(path)
 
 
 def _raise_nofile_limit() -> None:

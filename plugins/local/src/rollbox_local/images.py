@@ -53,6 +53,7 @@ from rollbox.errors import (
 )
 
 from rollbox_local import oci
+from rollbox_local.layers import remove_tree
 from rollbox_local.paths import default_home, sandbox_ids
 
 log = logging.getLogger(__name__)
@@ -303,7 +304,7 @@ class ImageStore:
         if gone:
             self._write_refs(dict.fromkeys(gone))
         if digest in self._entries:
-            oci.force_rmtree(self._evict(digest, count=False))
+            remove_tree(self._evict(digest, count=False))
 
     def import_path(self, path: Path | str, name: str | None = None) -> Image:
         """Unpack the image at ``path`` now (blocking) and register it under ``name``.
@@ -323,20 +324,20 @@ class ImageStore:
         else:
             try:
                 for trash in self._make_room(plan, spare=None):
-                    oci.force_rmtree(trash)
+                    remove_tree(trash)
                 staging, unpacked, seconds = self._unpack_staged(plan)
                 try:
                     if unpacked.digest in self._entries:
-                        oci.force_rmtree(staging)
+                        remove_tree(staging)
                         entry = self._entries[unpacked.digest]
                         self._record(plan, entry)
                     else:
                         for trash in self._make_room(plan, spare=None,
                                                      need=unpacked.size_bytes):
-                            oci.force_rmtree(trash)
+                            remove_tree(trash)
                         entry = self._register(plan, self._install(staging, unpacked), seconds)
                 except BaseException:
-                    oci.force_rmtree(staging)
+                    remove_tree(staging)
                     raise
             finally:
                 self._reserved.pop(plan.key, None)
@@ -468,13 +469,13 @@ class ImageStore:
             staging, unpacked, seconds = await asyncio.to_thread(self._unpack_staged, plan)
             try:
                 if unpacked.digest in self._entries:  # same content reached by another path
-                    await asyncio.to_thread(oci.force_rmtree, staging)
+                    await asyncio.to_thread(remove_tree, staging)
                     return self._entries[unpacked.digest]
                 self._delete_later(self._make_room(plan, spare=spare, need=unpacked.size_bytes))
                 entry = await asyncio.to_thread(self._install, staging, unpacked)
                 return self._register(plan, entry, seconds)
             except BaseException:
-                await asyncio.to_thread(oci.force_rmtree, staging)
+                await asyncio.to_thread(remove_tree, staging)
                 raise
         finally:
             self._reserved.pop(plan.key, None)
@@ -499,7 +500,7 @@ class ImageStore:
                     "workdir": unpacked.workdir, "source": plan.ref_key}
             (staging / "meta.json").write_text(json.dumps(meta, indent=1))
         except BaseException:
-            oci.force_rmtree(staging)
+            remove_tree(staging)
             raise
         return staging, unpacked, time.monotonic() - start
 
@@ -523,7 +524,7 @@ class ImageStore:
         except OSError:
             if not (final / "meta.json").is_file():
                 raise
-            oci.force_rmtree(staging)  # another process stored the same image meanwhile
+            remove_tree(staging)  # another process stored the same image meanwhile
         entry = self._load_entry(final)
         if entry is None:
             raise ImageCorruptError(f"stored image {final} has no readable meta.json")
@@ -601,7 +602,7 @@ class ImageStore:
     def _delete_later(self, paths: builtins.list[Path]) -> None:
         for path in paths:
             self._keep(asyncio.get_running_loop().create_task(
-                asyncio.to_thread(oci.force_rmtree, path)))
+                asyncio.to_thread(remove_tree, path)))
 
     # --- hints ----------------------------------------------------------------------------
 
@@ -710,10 +711,10 @@ class ImageStore:
             if pid.isdigit() and _alive(int(pid)):
                 continue
             with contextlib.suppress(OSError):
-                oci.force_rmtree(item)
+                remove_tree(item)
         for item in self._trash.iterdir():
             with contextlib.suppress(OSError):
-                oci.force_rmtree(item)
+                remove_tree(item)
 
 
 def _source_changed(name: str, source: str) -> ImageNotFoundError:

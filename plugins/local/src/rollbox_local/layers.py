@@ -6,7 +6,6 @@ import contextlib
 import os
 import shutil
 import stat
-import sys
 from pathlib import Path
 
 
@@ -51,23 +50,26 @@ def _copy_owner(src: Path, dest: Path) -> None:
 
 
 def remove_tree(path: Path) -> None:
-    """``rm -rf`` that also gets through the mode-000 dirs overlayfs leaves in work dirs."""
-
-    def fix(func: object, name: str, exc: BaseException) -> None:
-        parent = os.path.dirname(name)
-        with contextlib.suppress(OSError):
-            os.chmod(parent, 0o700)
-        with contextlib.suppress(OSError):
-            os.chmod(name, 0o700)
-        if os.path.isdir(name) and not os.path.islink(name):
-            shutil.rmtree(name, ignore_errors=True)
-        else:
-            with contextlib.suppress(OSError):
-                os.unlink(name)
-
-    if not (path.exists() or path.is_symlink()):
+    """``rm -rf`` that also gets through directories left without permissions (the
+    mode-000 dirs overlayfs leaves in work dirs, read-only dirs an image brings)."""
+    if not (os.path.isdir(path) and not os.path.islink(path)):
+        if os.path.lexists(path):
+            os.unlink(path)
         return
-    if sys.version_info >= (3, 12):
-        shutil.rmtree(path, onexc=fix)
-    else:
-        shutil.rmtree(path, onerror=lambda f, n, e: fix(f, n, e[1]))
+    try:
+        shutil.rmtree(path)
+        return
+    except PermissionError:
+        pass
+    # Unprivileged and some directory is closed: open every directory up, then retry.
+    # os.walk lists a directory only after its parent's loop body ran, so the chmod of a
+    # child happens before it is read.
+    with contextlib.suppress(OSError):
+        os.chmod(path, 0o700)
+    for dirpath, dirnames, _files in os.walk(path):
+        for name in dirnames:
+            child = os.path.join(dirpath, name)
+            if not os.path.islink(child):
+                with contextlib.suppress(OSError):
+                    os.chmod(child, 0o700)
+    shutil.rmtree(path)

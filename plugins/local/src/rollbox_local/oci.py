@@ -31,12 +31,14 @@ import shutil
 import stat
 import tarfile
 from collections.abc import Iterator, Mapping
-from contextlib import closing, contextmanager, suppress
+from contextlib import closing, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, Literal
 
 from rollbox.errors import ImageCorruptError, ImageNotFoundError, ImageStoreFullError
+
+from rollbox_local.layers import remove_tree
 
 log = logging.getLogger(__name__)
 
@@ -505,7 +507,7 @@ class _Flattener:
 
     def _remove(self, real: str) -> None:
         if os.path.isdir(real) and not os.path.islink(real):
-            force_rmtree(Path(real))
+            remove_tree(Path(real))
         elif os.path.lexists(real):
             os.unlink(real)
 
@@ -689,31 +691,3 @@ def _copy_tree(src: Path, flat: _Flattener) -> str:
         else:
             log.debug("skipping %s (device node or socket)", source)
     return "sha256:" + h.hexdigest()
-
-
-# --- removal ------------------------------------------------------------------------------
-
-
-def force_rmtree(path: Path) -> None:
-    """``rm -rf``, also through directories an image left without write permission."""
-    if not (os.path.isdir(path) and not os.path.islink(path)):
-        if os.path.lexists(path):
-            os.unlink(path)
-        return
-    try:
-        shutil.rmtree(path)
-        return
-    except PermissionError:
-        pass
-    # Unprivileged and some directory is read-only: open every directory up, then retry.
-    # os.walk lists a directory only after its parent's loop body ran, so the chmod of a
-    # child happens before it is read.
-    with suppress(OSError):
-        os.chmod(path, 0o700)
-    for dirpath, dirnames, _files in os.walk(path):
-        for name in dirnames:
-            child = os.path.join(dirpath, name)
-            if not os.path.islink(child):
-                with suppress(OSError):
-                    os.chmod(child, 0o700)
-    shutil.rmtree(path)
