@@ -30,6 +30,7 @@ from rollbox.backend import Backend
 from rollbox.chaos import ChaosBackend
 from rollbox.errors import UsageError
 from rollbox.metrics import Metrics
+from rollbox.paths import default_home
 from rollbox.plugins import backend_class, get_plugin_manager
 from rollbox.policies import LookaheadPolicy
 from rollbox.pool import NoPoolPolicy, Pool
@@ -320,8 +321,4 @@ def _workspace(config: BenchConfig) -> Any:
 
 
 def _default_root() -> Path:
-    try:
-        from rollbox_local.paths import default_home
-    except ImportError:
-        return Path(tempfile.gettempdir()) / "rollbox-bench"
     return default_home() / "bench"

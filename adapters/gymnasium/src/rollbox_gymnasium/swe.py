@@ -11,10 +11,10 @@ fake backend pass ``task_options={"kind": "fake"}`` and ``backend=fake_backend()
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
+from rollbox.paths import default_home
 from rollbox.synthetic import SyntheticSource
 from rollbox.testing import FakeBackend
 
@@ -38,7 +38,7 @@ def synthetic_source(
 ) -> CoreTaskSource:
     """The synthetic tasks, their local images built if missing."""
     if kind == "local" and root is None:
-        root = _home() / "synthetic-gym" / f"seed-{seed}-padding-{padding_bytes}"
+        root = default_home() / "synthetic-gym" / f"seed-{seed}-padding-{padding_bytes}"
     source = SyntheticSource(n_images, seed=seed, padding_bytes=padding_bytes, kind=kind,
                              root=root, **options)
     if kind == "local":
@@ -51,13 +51,3 @@ def fake_backend(n_images: int = DEFAULT_IMAGES, seed: int = 0, **options: Any) 
     with the same ``n_images`` and ``seed``)."""
     source = SyntheticSource(n_images, seed=seed, padding_bytes=0, kind="fake")
     return source.fake_backend(**options)
-
-
-def _home() -> Path:
-    """Where rollbox keeps state (the same rule as the local backend's)."""
-    if home := os.environ.get("ROLLBOX_HOME"):
-        return Path(home)
-    if os.geteuid() == 0:
-        return Path("/var/lib/rollbox")
-    cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(cache) / "rollbox"

@@ -5,18 +5,11 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from rollbox.paths import default_home
+
+__all__ = ["default_home", "sandbox_ids", "unreachable_by"]
+
 DEFAULT_SANDBOX_UID = 200_000
-
-
-def default_home() -> Path:
-    """``$ROLLBOX_HOME``; else /var/lib/rollbox for root (the sandbox user must reach
-    it, and root's home is private); else ``$XDG_CACHE_HOME/rollbox`` or ~/.cache/rollbox."""
-    if home := os.environ.get("ROLLBOX_HOME"):
-        return Path(home)
-    if os.geteuid() == 0:
-        return Path("/var/lib/rollbox")
-    cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(cache) / "rollbox"
 
 
 def sandbox_ids() -> tuple[int, int] | None:
