@@ -21,7 +21,6 @@ from rollbox.spec import SandboxSpec
 from rollbox.tasks import Task
 from rollbox.testing import FakeBackend, FakeSandbox, builtin_handler
 from rollbox.testing.fake import resolve_path
-from rollbox_gymnasium import ShellTask, ShellTaskSource
 
 
 async def fake_shell(sandbox: FakeSandbox, request: ExecRequest) -> ExecResult:
@@ -44,19 +43,6 @@ async def fake_shell(sandbox: FakeSandbox, request: ExecRequest) -> ExecResult:
     if name in {"", "true", "false", "exit", "echo", "pwd", "env", "cat", "sleep"}:
         return await builtin_handler(sandbox, request)
     return ExecResult(127, stderr=f"sh: {name[:40]!r}: not found\n".encode())
-
-
-def fake_tasks() -> ShellTaskSource:
-    """Two tasks with different specs; each is solved by ``touch done``."""
-    return ShellTaskSource(
-        [
-            ShellTask(id="fake/a", prompt="Create the file done.", check="cat done",
-                      spec=SandboxSpec(workdir="/w")),
-            ShellTask(id="fake/b", prompt="Create the file done (again).", check="cat done",
-                      spec=SandboxSpec(workdir="/w", env={"TASK": "b"}),
-                      files={"notes.txt": "hello\n"}),
-        ]
-    )
 
 
 async def done_file_exists(sandbox: Sandbox, task: Task) -> float:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from conftest import fake_tasks
+from gym_support import fake_tasks
 from rollbox.errors import ImageNotFoundError, UsageError
 from rollbox.spec import SandboxSpec
 from rollbox.testing import FakeBackend

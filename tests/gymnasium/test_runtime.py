@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 import rollbox_gymnasium
-from conftest import fake_tasks
+from gym_support import fake_tasks
 from rollbox.errors import UsageError
 from rollbox.testing import FakeBackend
 from rollbox_gymnasium.runtime import loop_thread

@@ -7,7 +7,7 @@ import time
 import gymnasium
 import numpy as np
 import pytest
-from conftest import fake_tasks
+from gym_support import fake_tasks
 from rollbox.errors import UsageError
 from rollbox.testing import FakeBackend
 from rollbox_gymnasium import SandboxVectorEnv
