@@ -558,3 +558,22 @@ async def test_multi_platform_index_picks_this_machine(tmp_path: Path) -> None:
     image = await store_at(tmp_path / "store").pin(str(layout))
 
     assert image.digest == ours["digest"] and tree(image.rootfs) == {"mine": b"yes"}
+
+
+async def test_a_dead_unpacking_worker_fails_one_create_retryably(tmp_path: Path) -> None:
+    from concurrent.futures.process import BrokenProcessPool
+
+    from rollbox.errors import CreateFailedError
+
+    store = ImageStore(tmp_path / "store", capacity_bytes=64 * 2**20)
+    layout = write_oci_layout(tmp_path / "img", {"hello.txt": b"hello"})
+    pool = store._unpacker_pool()
+    with pytest.raises(BrokenProcessPool):  # its worker dies as if OOM-killed
+        pool.submit(os._exit, 1).result()
+    with pytest.raises(CreateFailedError) as caught:
+        await store.pin(str(layout))
+    assert caught.value.retryable and "retry" in caught.value.message
+    image = await store.pin(str(layout))  # a fresh worker pool takes over
+    assert image.rootfs is not None and (image.rootfs / "hello.txt").read_bytes() == b"hello"
+    store.unpin(image)
+    await store.aclose()

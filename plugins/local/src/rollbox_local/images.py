@@ -39,12 +39,14 @@ import time
 from collections import Counter
 from collections.abc import Collection, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
 from rollbox.errors import (
+    CreateFailedError,
     ImageCorruptError,
     ImageError,
     ImageNotFoundError,
@@ -487,9 +489,7 @@ class ImageStore:
         staging = self._tmp / f"{os.getpid()}-{secrets.token_hex(6)}"
         staging.mkdir()
         try:
-            unpacked = self._unpacker_pool().submit(
-                oci.unpack, plan.probe, staging / "rootfs", owner_uid=self.owner_uid,
-                owner_gid=self.owner_gid).result()
+            unpacked = self._unpack_in_worker(plan.probe, staging / "rootfs")
             if plan.digest is not None and plan.probe.kind != "dir" and (
                     unpacked.digest != plan.digest):
                 raise ImageCorruptError(f"{plan.probe.path} changed while it was unpacked")
@@ -503,6 +503,22 @@ class ImageStore:
             remove_tree(staging)
             raise
         return staging, unpacked, time.monotonic() - start
+
+    def _unpack_in_worker(self, probe: oci.Probe, rootfs: Path) -> oci.Unpacked:
+        """``oci.unpack`` in a worker process. A worker that died (OOM killer, a signal)
+        is a retryable failure of this create; the next one starts a fresh pool."""
+        pool = self._unpacker_pool()
+        try:
+            return pool.submit(oci.unpack, probe, rootfs, owner_uid=self.owner_uid,
+                               owner_gid=self.owner_gid).result()
+        except BrokenProcessPool as exc:
+            with self._unpacker_lock:
+                if self._unpacker is pool:
+                    self._unpacker = None
+            pool.shutdown(wait=False)
+            raise CreateFailedError(
+                f"the worker unpacking {probe.path} died ({exc}); retry the create"
+            ) from exc
 
     def _unpacker_pool(self) -> ProcessPoolExecutor:
         """Worker processes (one per core, up to 4) unpack layers: decompressing and
