@@ -28,3 +28,31 @@ async def test_concurrent_leases_beyond_the_size_create_and_return_to_size() -> 
         assert backend.created == 3
         assert pool.idle_count(spec) == 2  # the surplus one was closed
         assert len(backend.live) == 2
+
+
+async def test_closing_while_a_warm_sandbox_is_being_prepared_leaks_nothing() -> None:
+    import asyncio
+
+    from rollbox.testing import FakeSandbox
+
+    preparing = asyncio.Event()
+
+    class SlowToPrepare(FakeSandbox):
+        async def prepare(self) -> None:
+            preparing.set()
+            await asyncio.sleep(10)
+
+    backend = FakeBackend()
+    original = backend._make
+
+    async def make(spec: SandboxSpec, files: object) -> FakeSandbox:
+        sandbox = await original(spec, files)  # type: ignore[arg-type]
+        sandbox.__class__ = SlowToPrepare
+        return sandbox
+
+    backend._make = make  # type: ignore[method-assign]
+    pool = Pool(backend, policy=StaticPoolPolicy(size=1))
+    pool.upcoming([SandboxSpec()])  # the filler creates one and prepares it
+    await asyncio.wait_for(preparing.wait(), 5)
+    await pool.close()
+    assert backend.live == {}

@@ -329,8 +329,9 @@ class Pool:
             if self.prepare:
                 try:
                     await sandbox.prepare()
-                except SandboxError as error:
-                    self._count_failure(error, spec)
+                except BaseException as error:  # cancelled (pool closing) included
+                    if isinstance(error, SandboxError):
+                        self._count_failure(error, spec)
                     await self._close(sandbox)
                     raise
             self.metrics.observe("create", loop.time() - started)
