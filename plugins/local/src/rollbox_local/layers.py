@@ -6,6 +6,7 @@ import contextlib
 import os
 import shutil
 import stat
+import sys
 from pathlib import Path
 
 
@@ -53,11 +54,11 @@ def remove_tree(path: Path) -> None:
     """``rm -rf`` that also gets through directories left without permissions (the
     mode-000 dirs overlayfs leaves in work dirs, read-only dirs an image brings)."""
     if not (os.path.isdir(path) and not os.path.islink(path)):
-        if os.path.lexists(path):
+        with contextlib.suppress(FileNotFoundError):
             os.unlink(path)
         return
     try:
-        shutil.rmtree(path)
+        _rmtree(path)
         return
     except PermissionError:
         pass
@@ -72,4 +73,18 @@ def remove_tree(path: Path) -> None:
             if not os.path.islink(child):
                 with contextlib.suppress(OSError):
                     os.chmod(child, 0o700)
-    shutil.rmtree(path)
+    _rmtree(path)
+
+
+def _rmtree(path: Path) -> None:
+    """shutil.rmtree, with ``rm -f``'s tolerance: what vanishes meanwhile (another
+    deletion in the same tree) is not an error."""
+
+    def vanished_is_fine(function: object, name: str, error: BaseException) -> None:
+        if not isinstance(error, FileNotFoundError):
+            raise error
+
+    if sys.version_info >= (3, 12):
+        shutil.rmtree(path, onexc=vanished_is_fine)
+    else:
+        shutil.rmtree(path, onerror=lambda f, n, info: vanished_is_fine(f, n, info[1]))

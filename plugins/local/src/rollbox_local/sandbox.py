@@ -152,10 +152,12 @@ class LocalSandbox(Sandbox):
             with contextlib.suppress(SandboxError):
                 generations.append(await self._standby)
         self._current = self._standby = None
-        for generation in generations:
-            await generation.stop()
-        await asyncio.to_thread(remove_tree, self.directory)
-        self.backend.forget(self)
+        try:
+            for generation in generations:
+                await generation.stop()
+            await asyncio.to_thread(remove_tree, self.directory)
+        finally:
+            self.backend.forget(self)  # even if cleanup failed: never report it as open
 
     # -- commands ------------------------------------------------------------------------
 
