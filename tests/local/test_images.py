@@ -10,6 +10,8 @@ import logging
 import os
 import shutil
 import stat
+import subprocess
+import sys
 import tarfile
 from pathlib import Path
 
@@ -27,6 +29,7 @@ from rollbox_local.oci_build import (
     write_docker_archive,
     write_oci_layout,
 )
+from rollbox_local.workers import BACKGROUND_NICE
 
 BIG = 10**9
 
@@ -561,19 +564,53 @@ async def test_multi_platform_index_picks_this_machine(tmp_path: Path) -> None:
 
 
 async def test_a_dead_unpacking_worker_fails_one_create_retryably(tmp_path: Path) -> None:
-    from concurrent.futures.process import BrokenProcessPool
-
     from rollbox.errors import CreateFailedError
 
     store = ImageStore(tmp_path / "store", capacity_bytes=64 * 2**20)
+    first = await store.pin(str(write_oci_layout(tmp_path / "one", {"a.txt": b"a"})))
+    store.unpin(first)
+    (worker,) = store._unpackers._idle
+    worker.proc.kill()  # as if OOM-killed while idle
+    worker.proc.wait()
     layout = write_oci_layout(tmp_path / "img", {"hello.txt": b"hello"})
-    pool = store._unpacker_pool()
-    with pytest.raises(BrokenProcessPool):  # its worker dies as if OOM-killed
-        pool.submit(os._exit, 1).result()
     with pytest.raises(CreateFailedError) as caught:
         await store.pin(str(layout))
     assert caught.value.retryable and "retry" in caught.value.message
-    image = await store.pin(str(layout))  # a fresh worker pool takes over
+    image = await store.pin(str(layout))  # a fresh helper process takes over
     assert image.rootfs is not None and (image.rootfs / "hello.txt").read_bytes() == b"hello"
     store.unpin(image)
     await store.aclose()
+
+
+async def test_hinted_images_unpack_in_a_niced_helper(tmp_path: Path) -> None:
+    store = ImageStore(tmp_path / "store", capacity_bytes=64 * 2**20)
+    layout = write_oci_layout(tmp_path / "img", {"hello.txt": b"hello"})
+    store.hint([str(layout)])
+    await store.wait_idle()
+    (helper,) = store.chores._idle
+    assert store.is_hydrated(str(layout)) and not store._unpackers._idle
+    assert _niceness(helper.proc.pid) == BACKGROUND_NICE
+    await store.aclose()
+    assert helper.proc.returncode is not None
+
+
+def test_a_script_without_a_main_guard_can_unpack(tmp_path: Path) -> None:
+    """multiprocessing's forkserver re-ran such a script in its workers and broke it."""
+    layout = write_oci_layout(tmp_path / "img", {"hello.txt": b"hello"})
+    script = tmp_path / "plain.py"
+    script.write_text(
+        "import asyncio\n"
+        "from rollbox_local.images import ImageStore\n"
+        f"store = ImageStore({str(tmp_path / 'store')!r}, capacity_bytes=2**26)\n"
+        f"image = asyncio.run(store.pin({str(layout)!r}))\n"
+        "print((image.rootfs / 'hello.txt').read_text())\n"
+    )
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "hello\n"
+
+
+def _niceness(pid: int) -> int:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return int(fields[16])

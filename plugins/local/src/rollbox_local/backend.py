@@ -32,6 +32,7 @@ from rollbox_local.images import Image, ImageStore, _capacity_from_env
 from rollbox_local.layers import copy_layer, remove_tree
 from rollbox_local.paths import default_home, sandbox_ids, unreachable_by
 from rollbox_local.sandbox import LocalSandbox
+from rollbox_local.workers import BACKGROUND_NICE, WorkerPool
 from rollbox_local.zygote import Zygote
 
 if TYPE_CHECKING:
@@ -67,10 +68,12 @@ class LocalBackend(Backend):
             self._check_reachable()
         capacity = image_capacity_bytes or _capacity_from_env()  # UsageError if malformed
         self._owns_images = images is None
+        self.chores = WorkerPool(1, nice=BACKGROUND_NICE)
+        """Niced helper process for deletions (and the store's hinted hydrations)."""
         self.images = images or ImageStore(
             self.state_dir / "images", capacity_bytes=capacity,
             owner_uid=self.ids[0] if self.ids else None,
-            owner_gid=self.ids[1] if self.ids else None,
+            owner_gid=self.ids[1] if self.ids else None, chores=self.chores,
         )
         self.zygote = Zygote()
         self._bwrap: Bwrap | None = None
@@ -205,7 +208,7 @@ class LocalBackend(Backend):
         async def finish() -> None:
             await generation.stop()
             for layer in (generation.upper, generation.work):
-                await asyncio.to_thread(remove_tree, layer)
+                await asyncio.to_thread(self.chores.call, "remove_tree", layer)
 
         task = asyncio.ensure_future(finish())
         self._background.add(task)
@@ -235,6 +238,7 @@ class LocalBackend(Backend):
             await asyncio.gather(*self._background, return_exceptions=True)
         if self._owns_images:
             await self.images.aclose()
+        self.chores.shutdown()
         self.zygote.close()
         if self._block is not None:
             for fd in self._block:

@@ -15,13 +15,14 @@ from typing import TYPE_CHECKING
 
 from rollbox_local.bwrap import Layout, sandbox_argv
 from rollbox_local.instance import BLOCK_FD, INFO_FD, Instance
+from rollbox_local.workers import BACKGROUND_NICE
 from rollbox_local.zygote import AgentChannel
 
 if TYPE_CHECKING:
     from rollbox_local.sandbox import LocalSandbox
 
 
-STANDBY_NICE = 10
+STANDBY_NICE = BACKGROUND_NICE
 
 
 @dataclass

@@ -31,22 +31,17 @@ import contextlib
 import functools
 import json
 import logging
-import multiprocessing
 import os
 import secrets
-import threading
 import time
 from collections import Counter
 from collections.abc import Collection, Mapping, Sequence
-from concurrent.futures import ProcessPoolExecutor
-from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
 from rollbox.errors import (
-    CreateFailedError,
     ImageCorruptError,
     ImageError,
     ImageNotFoundError,
@@ -57,6 +52,7 @@ from rollbox.errors import (
 from rollbox_local import oci
 from rollbox_local.layers import remove_tree
 from rollbox_local.paths import default_home, sandbox_ids
+from rollbox_local.workers import BACKGROUND_NICE, WorkerPool
 
 log = logging.getLogger(__name__)
 
@@ -180,7 +176,10 @@ class ImageStore:
         capacity_bytes: int,
         owner_uid: int | None = None,
         owner_gid: int | None = None,
+        chores: WorkerPool | None = None,
     ) -> None:
+        """``chores``: niced helper processes for work nobody waits on (hydrating hinted
+        images, deleting evicted ones); the store makes its own if not given."""
         if capacity_bytes <= 0:
             raise UsageError(f"image store capacity must be positive, not {capacity_bytes}")
         self.root = Path(root)
@@ -203,8 +202,9 @@ class ImageStore:
         self._hint_task: asyncio.Task[None] | None = None
         self._hint_errors: dict[str, ImageError] = {}
         self._background: set[asyncio.Task[Any]] = set()
-        self._unpacker: ProcessPoolExecutor | None = None
-        self._unpacker_lock = threading.Lock()
+        self._unpackers = WorkerPool(min(4, os.cpu_count() or 1))
+        self._owns_chores = chores is None
+        self.chores = chores or WorkerPool(1, nice=BACKGROUND_NICE)
         self._clean_leftovers()
         self._load_entries()
 
@@ -353,15 +353,15 @@ class ImageStore:
 
     async def aclose(self) -> None:
         """Stop background hints, wait for hydrations and deletions in flight, and stop
-        the unpacking worker."""
+        the helper processes."""
         if self._hint_task is not None:
             self._hint_task.cancel()
         pending = list(self._background)
         if pending:
             await asyncio.gather(*pending, return_exceptions=True)
-        if self._unpacker is not None:
-            self._unpacker.shutdown(wait=True)
-            self._unpacker = None
+        self._unpackers.shutdown()
+        if self._owns_chores:
+            self.chores.shutdown()
 
     def _stored_digest(self, ref: str) -> str:
         """The digest a name, path or digest refers to, without probing anything."""
@@ -434,8 +434,12 @@ class ImageStore:
 
     # --- hydration ------------------------------------------------------------------------
 
-    async def _ensure(self, ref: str, *, spare: Collection[str] | None = None) -> _Entry:
-        """The stored entry for ``ref``, hydrating it (once, however many ask) if needed."""
+    async def _ensure(self, ref: str, *, spare: Collection[str] | None = None,
+                      background: bool = False) -> _Entry:
+        """The stored entry for ``ref``, hydrating it (once, however many ask) if needed.
+
+        ``background``: nobody waits for it yet (a hint), so unpack it in the niced
+        helper; a caller that then needs it boosts that helper back to normal priority."""
         plan = self._recheck(await asyncio.to_thread(self._plan, ref, probe=True))
         if plan.digest is not None and plan.digest in self._entries:
             entry = self._entries[plan.digest]
@@ -445,10 +449,12 @@ class ImageStore:
             plan = await asyncio.to_thread(self._plan, ref, probe=True, force_probe=True)
         task = self._inflight.get(plan.key)
         if task is None:
-            task = asyncio.get_running_loop().create_task(self._hydrate(plan, spare))
+            task = asyncio.get_running_loop().create_task(self._hydrate(plan, spare, background))
             self._inflight[plan.key] = task
             task.add_done_callback(functools.partial(self._forget_inflight, plan.key))
             self._keep(task)
+        elif not background:
+            self.chores.boost(plan.key)
         entry = await asyncio.shield(task)
         self._record(plan, entry)
         return entry
@@ -465,10 +471,13 @@ class ImageStore:
                              plan.probe, plan.names, plan.expect)
         return plan
 
-    async def _hydrate(self, plan: _Plan, spare: Collection[str] | None) -> _Entry:
+    async def _hydrate(self, plan: _Plan, spare: Collection[str] | None,
+                       background: bool) -> _Entry:
         try:
             self._delete_later(self._make_room(plan, spare=spare))
-            staging, unpacked, seconds = await asyncio.to_thread(self._unpack_staged, plan)
+            workers = self.chores if background else self._unpackers
+            staging, unpacked, seconds = await asyncio.to_thread(
+                self._unpack_staged, plan, workers)
             try:
                 if unpacked.digest in self._entries:  # same content reached by another path
                     await asyncio.to_thread(remove_tree, staging)
@@ -482,14 +491,17 @@ class ImageStore:
         finally:
             self._reserved.pop(plan.key, None)
 
-    def _unpack_staged(self, plan: _Plan) -> tuple[Path, oci.Unpacked, float]:
+    def _unpack_staged(self, plan: _Plan, workers: WorkerPool | None = None
+                       ) -> tuple[Path, oci.Unpacked, float]:
         """Thread: unpack into a fresh staging dir and write its meta.json there."""
         assert plan.probe is not None
         start = time.monotonic()
         staging = self._tmp / f"{os.getpid()}-{secrets.token_hex(6)}"
         staging.mkdir()
         try:
-            unpacked = self._unpack_in_worker(plan.probe, staging / "rootfs")
+            unpacked = (workers or self._unpackers).call(
+                "unpack", plan.probe, staging / "rootfs", job=plan.key,
+                owner_uid=self.owner_uid, owner_gid=self.owner_gid)
             if plan.digest is not None and plan.probe.kind != "dir" and (
                     unpacked.digest != plan.digest):
                 raise ImageCorruptError(f"{plan.probe.path} changed while it was unpacked")
@@ -503,33 +515,6 @@ class ImageStore:
             remove_tree(staging)
             raise
         return staging, unpacked, time.monotonic() - start
-
-    def _unpack_in_worker(self, probe: oci.Probe, rootfs: Path) -> oci.Unpacked:
-        """``oci.unpack`` in a worker process. A worker that died (OOM killer, a signal)
-        is a retryable failure of this create; the next one starts a fresh pool."""
-        pool = self._unpacker_pool()
-        try:
-            return pool.submit(oci.unpack, probe, rootfs, owner_uid=self.owner_uid,
-                               owner_gid=self.owner_gid).result()
-        except BrokenProcessPool as exc:
-            with self._unpacker_lock:
-                if self._unpacker is pool:
-                    self._unpacker = None
-            pool.shutdown(wait=False)
-            raise CreateFailedError(
-                f"the worker unpacking {probe.path} died ({exc}); retry the create"
-            ) from exc
-
-    def _unpacker_pool(self) -> ProcessPoolExecutor:
-        """Worker processes (one per core, up to 4) unpack layers: decompressing and
-        untarring in Python would otherwise hold the GIL for long stretches and stall
-        the event loop that runs every sandbox's commands."""
-        with self._unpacker_lock:
-            if self._unpacker is None:
-                self._unpacker = ProcessPoolExecutor(
-                    max_workers=min(4, os.cpu_count() or 1),
-                    mp_context=multiprocessing.get_context("forkserver"))
-            return self._unpacker
 
     def _install(self, staging: Path, unpacked: oci.Unpacked) -> _Entry:
         """Thread: atomically move a staged image into place (or adopt an identical one
@@ -618,7 +603,7 @@ class ImageStore:
     def _delete_later(self, paths: builtins.list[Path]) -> None:
         for path in paths:
             self._keep(asyncio.get_running_loop().create_task(
-                asyncio.to_thread(remove_tree, path)))
+                asyncio.to_thread(self.chores.call, "remove_tree", path)))
 
     # --- hints ----------------------------------------------------------------------------
 
@@ -627,7 +612,8 @@ class ImageStore:
             if ref == HOST:
                 continue
             try:
-                entry = await self._ensure(ref, spare=list(self._hinted))
+                entry = self._stored_entry(ref) or await self._ensure(
+                    ref, spare=list(self._hinted), background=True)
             except ImageStoreFullError as exc:
                 log.debug("hint stops at %r: %s", ref, exc.message)
                 return  # the rest does not fit without evicting what is wanted sooner
@@ -644,6 +630,20 @@ class ImageStore:
                 continue
             self._hinted.append(entry.digest)
             self._touch(entry)
+
+    def _stored_entry(self, ref: str) -> _Entry | None:
+        """The entry ``ref`` led to last time, if it is still stored, without looking at
+        the source. Hints take this shortcut: the runner re-sends its window on every
+        dispatch, and re-checking every source in a thread each time costs the event loop
+        more than it could save. ``pin`` always checks the source."""
+        key = ref
+        if not (ref in self._refs and _is_name(ref)):
+            split = oci.split_path_ref(ref)
+            if split is not None:
+                key = oci.path_key(*split)
+        rec = self._refs.get(key)
+        digest = rec.get("digest") if rec is not None else None
+        return self._entries.get(digest) if isinstance(digest, str) else None
 
     # --- bookkeeping ----------------------------------------------------------------------
 
