@@ -21,6 +21,7 @@ from rollbox.spec import SandboxSpec
 from rollbox_kubernetes import KubernetesBackend
 from rollbox_kubernetes.podexec import V4
 from rollbox_kubernetes.podprocess import HIGH_WATER, PodProcess
+from rollbox_kubernetes.resources import PODS
 from rollbox_kubernetes.sandbox import KubeSandbox
 from rollbox_kubernetes.testing import ApiServerEmulator
 from rollbox_local import LocalBackend
@@ -211,6 +212,24 @@ async def test_dropped_websocket_raises_and_leaves_nothing_running(
     assert not sandbox.processes
     assert not sandbox.lost
     assert (await sandbox.exec(["echo", "still here"])).stdout == b"still here\n"
+
+
+async def test_pod_deleted_mid_stream_is_sandbox_lost(sandbox: KubeSandbox) -> None:
+    process = await sandbox.stream("echo up; sleep 300", timeout=120)
+    stream = aiter(process)
+    await read_until(stream, b"up\n")
+    client, ns = sandbox.backend.client, sandbox.backend.options.namespace
+    await client.call("delete", "DELETE", PODS.path(ns, sandbox.pod), idempotent=True,
+                      body={"kind": "DeleteOptions", "apiVersion": "v1",
+                            "gracePeriodSeconds": 0})
+    with pytest.raises(SandboxLostError):
+        async for _ in stream:
+            pass
+    with pytest.raises(SandboxLostError):
+        await process.wait()
+    assert sandbox.lost
+    with pytest.raises(SandboxLostError):
+        await sandbox.stream(["true"])
 
 
 async def test_close_stops_a_stream_and_wait_raises(make_backend: BackendFactory,

@@ -137,6 +137,7 @@ class PodProcess(Process):
         self._stderr_head = b""
         self._stdin_closed = False
         self._send_lock = asyncio.Lock()
+        self._watchdog: asyncio.Timeout | None = None
         self._task = asyncio.ensure_future(self._pump())
         self._task.add_done_callback(self._ended)
         sandbox.processes.add(self)
@@ -149,13 +150,15 @@ class PodProcess(Process):
             status = await self._receive()
         except TimeoutError:
             status, overran = None, True
+        except (aiohttp.ClientError, ConnectionError):
+            status = None  # reported as a broken stream
         finally:
             await self._ws.close()
         return await self._outcome(status, overran)
 
     async def _receive(self) -> dict[str, Any] | None:
         """Read frames until the exit status; None if the stream ended without one."""
-        async with asyncio.timeout(self._request.timeout_s + _GRACE_S):
+        async with asyncio.timeout(self._request.timeout_s + _GRACE_S) as self._watchdog:
             async for msg in self._ws:
                 if msg.type != aiohttp.WSMsgType.BINARY or not msg.data:
                     continue
@@ -186,9 +189,16 @@ class PodProcess(Process):
         self._budget[stream] = room - len(data)
         self._backlog += len(data)
         self._chunks.put_nowait(OutputChunk(stream, data))
-        while self._backlog > HIGH_WATER and not self._waiting:
-            self._room.clear()
-            await self._room.wait()
+        if self._backlog > HIGH_WATER and not self._waiting:
+            # Paused for the consumer: that time does not count against the watchdog.
+            deadline = self._watchdog.when() if self._watchdog is not None else None
+            self._watchdog_pause(None)
+            while self._backlog > HIGH_WATER and not self._waiting:
+                self._room.clear()
+                await self._room.wait()
+            if deadline is not None:
+                now = asyncio.get_running_loop().time()
+                self._watchdog_pause(max(deadline, now + _GRACE_S))
 
     async def _outcome(self, status: dict[str, Any] | None, overran: bool) -> int:
         """The exit code, or the error ``run`` would raise for the same ending."""
@@ -231,6 +241,10 @@ class PodProcess(Process):
                 f"{request.argv[0]}: command not found in image {sandbox.spec.image}",
                 sandbox_id=sandbox.id)
         return code
+
+    def _watchdog_pause(self, when: float | None) -> None:
+        if self._watchdog is not None:
+            self._watchdog.reschedule(when)
 
     def _ended(self, _: object) -> None:
         self._chunks.put_nowait(None)
@@ -299,7 +313,11 @@ class PodProcess(Process):
                 with contextlib.suppress(asyncio.CancelledError, SandboxError):
                     await delivery
         if delivery.done() and not delivery.cancelled() and not self._task.done():
-            delivery.result()  # SandboxLostError when the pod is gone
+            try:
+                delivery.result()  # SandboxLostError when the pod is gone
+            except TimeoutError:
+                raise SandboxLostError(f"the signal exec in pod {self._sandbox.pod} did not "
+                                       "end", sandbox_id=self._sandbox.id) from None
 
     async def wait(self) -> int:
         self._waiting = True

@@ -359,6 +359,7 @@ async def _exec_streamed(ws: web.WebSocketResponse, sandbox: Sandbox, argv: list
         return await process.wait()
     finally:
         feeder.cancel()
+        await asyncio.wait({feeder})
 
 
 async def _exec_collected(ws: web.WebSocketResponse, sandbox: Sandbox, argv: list[str],
