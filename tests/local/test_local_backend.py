@@ -225,6 +225,20 @@ async def test_agent_survives_pkill_of_python_from_inside(sandbox: LocalSandbox)
 # -- writable layers: reset, close ---------------------------------------------------------------
 
 
+async def test_stream_close_stdin_right_after_a_write_keeps_the_write(
+    sandbox: LocalSandbox,
+) -> None:
+    """close_stdin is an EOF after what was written, not a discard of what is queued
+    (the Kubernetes emulator relays stdin then a close frame back to back)."""
+    process = await sandbox.stream(["cat"], timeout=30)
+    payload = secrets.token_bytes(256 * 1024)
+    await process.write_stdin(payload)
+    await process.close_stdin()
+    received = b"".join([chunk.data async for chunk in process])
+    assert await process.wait() == 0
+    assert received == payload
+
+
 async def test_reset_removes_the_old_layer_in_the_background(backend: LocalBackend) -> None:
     sandbox = await backend.create(HOST)
     await sandbox.exec("mkdir -p /tmp/many && cd /tmp/many && "

@@ -52,7 +52,7 @@ class KubernetesBackend(Backend):
     name = "kubernetes"
     capabilities: ClassVar[Capabilities] = Capabilities(
         reset_in_place=True, network_none=True, network_host=True, memory_limit=True,
-        isolation=True,
+        isolation=True, streaming=True, signals=True,
         signal_exit_codes=False,  # pod exec reports death by signal N as 128+N, like exit
     )
 

@@ -104,7 +104,7 @@ def exit_code_of(status: dict[str, Any]) -> tuple[int | None, str]:
     return None, str(status.get("message") or status.get("reason") or "exec failed")
 
 
-async def pod_exec(
+async def open_exec(
     client: KubeClient,
     api: CoreV1Api,
     namespace: str,
@@ -112,11 +112,11 @@ async def pod_exec(
     argv: list[str],
     *,
     container: str,
-    stdin: bytes | None,
-    output_limit: int,
-) -> ExecOutput:
-    """Run ``argv`` in the pod's container and collect its output (paced and counted as
-    one ``exec`` request; a refused handshake is retried like any throttled call)."""
+    stdin: bool,
+) -> aiohttp.ClientWebSocketResponse:
+    """Open an exec WebSocket for ``argv`` in the pod's container (paced and counted as
+    one ``exec`` request; a refused handshake is retried like any throttled call). The
+    caller owns the socket; ``ws.protocol`` says whether the server agreed to v5."""
     attempt = 0
     while True:
         attempt += 1
@@ -126,11 +126,11 @@ async def pod_exec(
             # ``command=`` parameters, which is what argv needs.
             connect: Any = await api.connect_get_namespaced_pod_exec(
                 pod, namespace, command=argv,  # type: ignore[arg-type]
-                container=container, stdin=stdin is not None,
+                container=container, stdin=stdin,
                 stdout=True, stderr=True, tty=False, _preload_content=False,
             )
-            async with connect as ws:
-                return await _converse(ws, stdin, output_limit)
+            ws: aiohttp.ClientWebSocketResponse = await connect
+            return ws
         except aiohttp.WSServerHandshakeError as exc:
             retry_after = None
             if exc.headers is not None and "Retry-After" in exc.headers:
@@ -143,6 +143,30 @@ async def pod_exec(
             error = ApiError(0, "Unreachable", f"{type(exc).__name__}: {exc}")
         # The command never started when the handshake failed, so a retry is safe.
         await client.backoff(error, attempt, idempotent=True)
+
+
+async def pod_exec(
+    client: KubeClient,
+    api: CoreV1Api,
+    namespace: str,
+    pod: str,
+    argv: list[str],
+    *,
+    container: str,
+    stdin: bytes | None,
+    output_limit: int,
+) -> ExecOutput:
+    """Run ``argv`` in the pod's container and collect its output. A connection that
+    breaks once the command started is not retried (the command may have run): it comes
+    back as an ``ExecOutput`` without exit code."""
+    ws = await open_exec(client, api, namespace, pod, argv, container=container,
+                         stdin=stdin is not None)
+    try:
+        return await _converse(ws, stdin, output_limit)
+    except aiohttp.ClientConnectionError as exc:
+        return ExecOutput(None, b"", b"", False, False, f"the exec stream broke: {exc}")
+    finally:
+        await ws.close()
 
 
 async def _converse(ws: aiohttp.ClientWebSocketResponse, stdin: bytes | None,

@@ -37,11 +37,12 @@ from rollbox.errors import (
     SandboxFileNotFoundError,
     SandboxLostError,
 )
-from rollbox.sandbox import ExecRequest, ExecResult, Sandbox, resolve_path
+from rollbox.sandbox import ExecRequest, ExecResult, Process, Sandbox, resolve_path
 from rollbox.spec import MiB, SandboxSpec
 
 from rollbox_kubernetes.client import ApiError
 from rollbox_kubernetes.podexec import ExecOutput, pod_exec
+from rollbox_kubernetes.podprocess import PodProcess, start_process
 from rollbox_kubernetes.render import CONTAINER
 from rollbox_kubernetes.resources import PODS
 from rollbox_kubernetes.status import pod_ready
@@ -124,6 +125,7 @@ class KubeSandbox(Sandbox):
         self.base_mode = ""
         self.closed = False
         self.lost = False
+        self.processes: set[PodProcess] = set()
 
     # -- exec --------------------------------------------------------------------------
 
@@ -208,6 +210,12 @@ class KubeSandbox(Sandbox):
             exit_code=out.exit_code, stdout=out.stdout, stderr=out.stderr, duration_s=elapsed,
             stdout_truncated=out.stdout_truncated, stderr_truncated=out.stderr_truncated,
         )
+
+    async def start(self, request: ExecRequest) -> Process:
+        """Stream a command over one exec WebSocket; signals go by a second exec that
+        finds its processes by the marker (see podprocess.py)."""
+        marker = f"{MARKER}={secrets.token_hex(8)}"
+        return await start_process(self, request, self.argv_for(request, marker), marker)
 
     async def _check_pod(self) -> None:
         """Mark the sandbox lost if its pod is gone, terminating or no longer ready."""
@@ -305,4 +313,6 @@ class KubeSandbox(Sandbox):
         if self.closed:
             return
         self.closed = True
+        for process in list(self.processes):
+            process.abort()
         await self.backend.release(self)

@@ -67,6 +67,7 @@ class Execution:
             self._loop.add_reader(fd, self._readable, fd)
         self._stdin = stdin
         self._stdin_data = memoryview(stdin_data or b"")
+        self._eof_pending = False
         if stdin is not None:
             os.set_blocking(stdin, False)
             if self._stdin_data:
@@ -87,16 +88,23 @@ class Execution:
         self._stdin_data = self._stdin_data[n:]
         if not self._stdin_data:
             self._loop.remove_writer(self._stdin)
-            if self._on_chunk is None:
+            if self._on_chunk is None or self._eof_pending:
                 self.close_stdin()
 
     def feed_stdin(self, data: bytes) -> None:
-        if self._stdin is None:
+        if self._stdin is None or self._eof_pending:
             raise BrokenPipeError("stdin is closed")
         pending = bool(self._stdin_data)
         self._stdin_data = memoryview(bytes(self._stdin_data) + data)
         if not pending:
             self._loop.add_writer(self._stdin, self._writable)
+
+    def end_stdin(self) -> None:
+        """EOF once what was fed is written (``close_stdin`` drops what is still queued)."""
+        if self._stdin is not None and self._stdin_data:
+            self._eof_pending = True
+        else:
+            self.close_stdin()
 
     def close_stdin(self) -> None:
         if self._stdin is not None:

@@ -388,7 +388,7 @@ class LocalProcess(Process):
         self._ex.feed_stdin(data)
 
     async def close_stdin(self) -> None:
-        self._ex.close_stdin()
+        self._ex.end_stdin()
 
     async def send_signal(self, signum: int) -> None:
         self._sandbox._tell({"op": "signal", "id": self._ex.request_id, "sig": int(signum)})
