@@ -8,7 +8,7 @@ import asyncio
 import pytest
 from rollbox import Pool, SandboxSpec, StaticPoolPolicy
 from rollbox.policies import LookaheadPolicy
-from rollbox.testing import FakeBackend
+from rollbox.testing import FakeBackend, FakeSandbox
 
 A = SandboxSpec(image="host", workdir="/a")
 B = SandboxSpec(image="host", workdir="/b")
@@ -48,7 +48,7 @@ async def test_a_backend_that_takes_over_gets_the_target_and_the_pool_creates_no
                 assert (await sandbox.exec(["true"])).ok
             await settle()
         assert pool.delegated(A)
-        assert backend.calls == [("/a", 3)]  # told once: the target never changed
+        assert backend.calls == [("/a", 3)]  # told once, before the first create
         assert backend.created == 1  # the acquire; no warm fills by the pool
         assert pool.idle_count(A) == 1  # released ones are still reused by reset
         assert pool.metrics.counters["reuses"] == 2
@@ -101,3 +101,20 @@ async def test_a_keep_warm_that_raises_leaves_warming_to_the_pool() -> None:
         assert not pool.delegated(A)
         assert pool.idle_count(A) == 2
         assert pool.metrics.counters["keep_warm_errors"] == 1
+
+
+async def test_the_first_acquire_of_a_spec_is_told_before_it_creates() -> None:
+    order: list[str] = []
+
+    class Recording(WarmingBackend):
+        def keep_warm(self, spec: SandboxSpec, count: int) -> bool:
+            order.append(f"keep_warm {count}")
+            return super().keep_warm(spec, count)
+
+        async def create(self, spec: SandboxSpec) -> FakeSandbox:
+            order.append("create")
+            return await super().create(spec)
+
+    async with Pool(Recording(), policy=StaticPoolPolicy(size=2)) as pool, pool.lease(A):
+        pass
+    assert order == ["keep_warm 2", "create", "keep_warm 0"]

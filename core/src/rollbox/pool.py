@@ -187,6 +187,11 @@ class Pool:
         """
         loop = asyncio.get_running_loop()
         requested = loop.time()
+        state = self._state(spec)
+        if not self._closed and self.policy.warm_target(spec) != state.reported:
+            # Before the first create of a spec: a backend that takes its warming over
+            # serves this very acquire from its own warm capacity.
+            self._tell_backend(spec, state, self.policy.warm_target(spec))
         try:
             async with asyncio.timeout(timeout):
                 sandbox = await self._obtain(spec)
