@@ -28,7 +28,7 @@ import asyncio
 import contextlib
 import os
 import secrets
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar
 
 from kubernetes_asyncio.client import ApiClient, Configuration, CoreV1Api
@@ -226,12 +226,12 @@ class KubernetesBackend(Backend):
         self.pools.owned.append((NETWORK_POLICIES, body["metadata"]["name"]))
 
     async def _await_ready(self, res: Resource, name: str, created: Obj, spec: SandboxSpec,
-                           read: Any) -> str:
+                           read: Callable[[Obj], ClaimState]) -> str:
         """Watch a claim or Sandbox from the create response's resourceVersion until it
         is Ready; returns its pod's name. ``read`` turns the object into a ClaimState."""
         loop = asyncio.get_running_loop()
         started = loop.time()
-        state: ClaimState = read(created)
+        state = read(created)
         next_probe = started + self.probe_after_s
         watcher = Watcher(self.client, res, self.options.namespace, name,
                           created["metadata"]["resourceVersion"])
