@@ -77,7 +77,7 @@ async def make_backend(emulator: ApiServerEmulator) -> AsyncIterator[BackendFact
 
     def make(**options: object) -> KubernetesBackend:
         options.setdefault("run_id", "test")
-        options.setdefault("warm_replicas", 1)
+        options.setdefault("scale_delay_s", 0.05)
         backend = KubernetesBackend(host=emulator.url, **options)  # type: ignore[arg-type]
         made.append(backend)
         return backend

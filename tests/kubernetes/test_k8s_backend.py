@@ -69,13 +69,13 @@ async def test_reset_command_from_spec(make_backend: BackendFactory, spec: Sandb
         assert not (await sandbox.exec("test -e marker")).ok
 
 
-async def test_close_deletes_claim_sandbox_and_pod(make_backend: BackendFactory,
-                                                   emulator: ApiServerEmulator,
-                                                   spec: SandboxSpec) -> None:
-    backend = make_backend(warm_replicas=0)
+async def test_close_deletes_the_sandbox_and_its_pod(make_backend: BackendFactory,
+                                                     emulator: ApiServerEmulator,
+                                                     spec: SandboxSpec) -> None:
+    backend = make_backend()
     sandbox = await backend.create(spec)
     store = emulator.store
-    assert store.get("sandboxclaims", "default", sandbox.id) is not None
+    assert store.get("sandboxes", "default", sandbox.id) is not None  # no pool: direct
     await sandbox.close()
     await asyncio.sleep(0.05)
     assert store.list("sandboxclaims", "default") == []
@@ -87,10 +87,12 @@ async def test_close_deletes_claim_sandbox_and_pod(make_backend: BackendFactory,
 async def test_warm_pool_claim_adopts_a_warm_sandbox(make_backend: BackendFactory,
                                                     emulator: ApiServerEmulator,
                                                     spec: SandboxSpec) -> None:
-    backend = make_backend(warm_replicas=2)
+    backend = make_backend()
+    assert backend.keep_warm(spec, 2)  # the policy wants 2 warm: a pool of 2
     first = await backend.create(spec)
     await asyncio.sleep(0.2)  # let the pool refill
     second = await backend.create(spec)
+    assert emulator.store.get("sandboxclaims", "default", second.id) is not None
     launch = [emulator.store.get("sandboxes", "default", s.pod)["metadata"]["labels"][
         "agents.x-k8s.io/launch-type"] for s in (first, second)]
     assert launch[1] == "warm"
@@ -99,15 +101,16 @@ async def test_warm_pool_claim_adopts_a_warm_sandbox(make_backend: BackendFactor
     assert emulator.store.objects == {}  # pools, templates, claims, pods: all gone
 
 
-async def test_pool_reuses_one_claim_for_a_tasks_rollouts(make_backend: BackendFactory,
-                                                          spec: SandboxSpec) -> None:
+async def test_pool_reuses_one_sandbox_for_a_tasks_rollouts(make_backend: BackendFactory,
+                                                            spec: SandboxSpec) -> None:
     backend = make_backend()
     async with Pool(backend, policy=StaticPoolPolicy(size=0)) as pool:
         for _ in range(4):
             async with pool.lease(spec) as sandbox:
                 await sandbox.exec("echo hi > scratch.txt")
-    # one template, one warm pool, one claim for four rollouts
-    assert backend.stats.by_verb["create"] == 3
+    # one Sandbox for four rollouts (plus the run's deny-all NetworkPolicy, once)
+    creates = {r: n for (v, r), n in backend.stats.by_resource.items() if v == "create"}
+    assert creates == {"sandboxes": 1, "networkpolicies": 1}
 
 
 async def test_raw_pod_mode(make_backend: BackendFactory, emulator: ApiServerEmulator,

@@ -39,7 +39,7 @@ async def test_429_storm_pauses_every_caller_for_retry_after(
 
 async def test_500s_are_retried_for_idempotent_calls(
         make_backend: BackendFactory, emulator: ApiServerEmulator, spec: SandboxSpec) -> None:
-    backend = make_backend(warm_replicas=0)
+    backend = make_backend()
     emulator.inject(500, 2, verbs={"create"})
     emulator.inject(503, 2, verbs={"delete"})
     sandbox = await backend.create(spec)
@@ -71,7 +71,7 @@ async def test_retried_create_that_had_succeeded_is_not_duplicated(
 
 async def test_dropped_watches_resume_from_last_resource_version(
         make_backend: BackendFactory, emulator: ApiServerEmulator, spec: SandboxSpec) -> None:
-    backend = make_backend(warm_replicas=0)
+    backend = make_backend()
     emulator.cluster.stall_images.add(spec.image)
     task = asyncio.ensure_future(backend.create(spec))
     for _ in range(3):
@@ -88,7 +88,7 @@ async def test_dropped_watches_resume_from_last_resource_version(
 
 async def test_claim_that_never_becomes_ready_times_out_cleanly(
         make_backend: BackendFactory, emulator: ApiServerEmulator, spec: SandboxSpec) -> None:
-    backend = make_backend(warm_replicas=0)
+    backend = make_backend()
     emulator.cluster.stall_images.add(spec.image)
     slow = spec.replace(timeouts=Timeouts(create_s=1.0))
     with pytest.raises(CreateFailedError, match=r"ready within 1.0s"):
@@ -99,7 +99,7 @@ async def test_claim_that_never_becomes_ready_times_out_cleanly(
 
 async def test_image_pull_failure_is_reported_within_seconds(
         make_backend: BackendFactory, emulator: ApiServerEmulator) -> None:
-    backend = make_backend(warm_replicas=0, probe_after_s=0.2)
+    backend = make_backend(probe_after_s=0.2)
     bad = SandboxSpec(image="registry.invalid/nope:1", timeouts=Timeouts(create_s=30))
     loop = asyncio.get_running_loop()
     started = loop.time()
@@ -121,7 +121,7 @@ async def test_image_pull_failure_in_pod_mode(make_backend: BackendFactory,
 
 async def test_unschedulable_template(make_backend: BackendFactory,
                                       emulator: ApiServerEmulator, spec: SandboxSpec) -> None:
-    backend = make_backend(warm_replicas=0, node_selector={"pool": "gpu"},
+    backend = make_backend(node_selector={"pool": "gpu"},
                            unschedulable_grace_s=0.3, probe_after_s=0.2)
     with pytest.raises(CreateFailedError, match=r"cannot be scheduled.*nodeSelector"):
         await backend.create(spec)
@@ -145,7 +145,7 @@ async def test_rbac_forbidden(make_backend: BackendFactory, emulator: ApiServerE
                               spec: SandboxSpec) -> None:
     backend = make_backend()
     await backend.create(spec)
-    emulator.forbidden.add(("create", "sandboxclaims"))
+    emulator.forbidden.add(("create", "sandboxes"))
     with pytest.raises(BackendUnavailableError, match=r"forbidden.*rollbox k8s render"):
         await backend.create(spec)
 
@@ -163,14 +163,14 @@ async def test_claim_on_missing_pool_fails_fast(make_backend: BackendFactory,
                                                 emulator: ApiServerEmulator,
                                                 spec: SandboxSpec) -> None:
     backend = make_backend()
-    emulator.forbidden.add(("create", "sandboxwarmpools"))
-    backend._owned.clear()
     from rollbox_kubernetes import render
     from rollbox_kubernetes.resources import CLAIMS
+    from rollbox_kubernetes.status import claim_state
 
     client = await backend.connect()
     key = render.spec_key(spec, backend.options)
     created = await client.create(CLAIMS, "default",
                                   render.claim("c-missing", "no-such-pool", key, backend.options))
     with pytest.raises(CreateFailedError, match="WarmPoolNotFound"):
-        await backend._await_claim("c-missing", created, spec)
+        await backend._await_ready(CLAIMS, "c-missing", created, spec, claim_state)
+    await client.delete(CLAIMS, "default", "c-missing")

@@ -47,6 +47,7 @@ async def test_reap_deletes_only_its_own_run(make_backend: BackendFactory,
     await asyncio.sleep(0.05)
     left = {o["metadata"]["labels"].get("rollbox.dev/run")
             for (plural, _, _), o in emulator.store.objects.items()
-            if plural in ("sandboxclaims", "sandboxwarmpools", "sandboxtemplates")}
+            if plural in ("sandboxclaims", "sandboxwarmpools", "sandboxtemplates",
+                          "sandboxes", "networkpolicies")} - {None}
     assert left == {"theirs"}
     assert (await kept.exec("echo alive")).stdout == b"alive\n"

@@ -55,7 +55,7 @@ class TestKubernetesConformance(BackendTests):
     ) -> AsyncIterator[Backend]:
         run_id = f"conf-{uuid.uuid4().hex[:8]}"
         if CLUSTER is not None:
-            backend = KubernetesBackend(run_id=run_id, warm_replicas=1, **CLUSTER)
+            backend = KubernetesBackend(run_id=run_id, **CLUSTER)
             try:
                 yield backend
             finally:
@@ -64,9 +64,8 @@ class TestKubernetesConformance(BackendTests):
         async with ApiServerEmulator(LocalBackend(state_dir=local_state)) as emulator:
             # A loopback API server: no need for a real cluster's pacing, and pod
             # status is current at once, so a slow claim's pod is read sooner.
-            backend = KubernetesBackend(host=emulator.url, run_id=run_id,
-                                        warm_replicas=1, qps=500, burst=500,
-                                        probe_after_s=0.3)
+            backend = KubernetesBackend(host=emulator.url, run_id=run_id, qps=500,
+                                        burst=500, probe_after_s=0.3)
             try:
                 yield backend
             finally:

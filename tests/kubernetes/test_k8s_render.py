@@ -68,3 +68,20 @@ def test_render_all_dumps_yaml_kubectl_can_apply() -> None:
     role = docs[1]
     assert {"apiGroups": [""], "resources": ["pods/exec"], "verbs": ["create", "get"]} in (
         role["rules"])
+
+
+def test_a_direct_sandbox_runs_the_templates_pod() -> None:
+    spec = SandboxSpec(image="python:3.12", workdir="/src")
+    tpl = render.template(spec, OPTS)
+    box = render.sandbox("s1", spec, OPTS)
+    assert box["apiVersion"] == "agents.x-k8s.io/v1beta1" and box["kind"] == "Sandbox"
+    assert box["spec"]["podTemplate"]["spec"] == tpl["spec"]["podTemplate"]["spec"]
+    labels = box["spec"]["podTemplate"]["metadata"]["labels"]
+    assert labels == {**tpl["spec"]["podTemplate"]["metadata"]["labels"],
+                      "rollbox.dev/network": "none"}
+    # the run's deny-all policy selects exactly such pods and allows nothing
+    policy = render.deny_all(OPTS)["spec"]
+    assert policy["podSelector"]["matchLabels"].items() <= labels.items()
+    assert policy["policyTypes"] == ["Ingress", "Egress"] and not policy["egress"]
+    host = render.sandbox("s2", spec.replace(network=Network.HOST), OPTS)
+    assert "rollbox.dev/network" not in host["spec"]["podTemplate"]["metadata"]["labels"]

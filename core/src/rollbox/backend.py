@@ -48,6 +48,23 @@ class Backend(ABC):
     def hint_upcoming(self, images: Sequence[str]) -> None:
         """The images the caller expects to need next, most urgent first (advisory)."""
 
+    def keep_warm(self, spec: SandboxSpec, count: int) -> bool:
+        """The pool's policy now wants ``count`` idle sandboxes of ``spec`` ready.
+
+        A backend with warm capacity of its own (a cluster's warm pool, say) may take
+        the warming of ``spec`` over: keep about ``count`` sandboxes of it ready on its
+        side, hand one out on the next ``create``, and return True. The pool then creates
+        no warm sandboxes of ``spec`` itself (it still reuses released ones by reset).
+        False, the default, leaves warming to the pool.
+
+        Called by the pool from the event loop each time the target of ``spec`` changes
+        (``count`` may be 0: stop keeping any), and with 0 when the pool closes. It must
+        be synchronous and cheap: start any remote work in the background and coalesce
+        bursts of changes. The answer may differ from call to call; the pool follows the
+        latest one.
+        """
+        return False
+
     async def fork(self, snapshot: Snapshot) -> Sandbox:
         """A new, independent sandbox starting from ``snapshot``."""
         raise CapabilityNotSupportedError(f"backend {self.name!r} does not support fork")

@@ -12,14 +12,19 @@ Data flow::
                                               └─ fails ─► quarantine (closed, counted)
     release(lease, broken) ─► closed, counted
 
-A background filler keeps ``policy.warm_target(spec)`` sandboxes idle per spec. Time
-comes only from the running loop, so the pool runs unchanged in virtual time.
+A background filler keeps ``policy.warm_target(spec)`` sandboxes idle per spec, unless
+the backend takes a spec's warming over: each time a spec's target changes the pool
+calls ``backend.keep_warm(spec, target)``, and a backend that answers True (one with
+warm capacity of its own, such as a cluster's warm pool) keeps them ready on its side
+while the pool only reuses what is released. Time comes only from the running loop, so
+the pool runs unchanged in virtual time.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import warnings
 from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -121,6 +126,8 @@ class _SpecState:
         self.filling = 0  # of ``creating``: warm creates by the filler
         self.expecting = 0  # acquirers waiting for one of those instead of creating
         self.filler: asyncio.Task[None] | None = None
+        self.reported = 0  # the warm target last told to ``backend.keep_warm``
+        self.delegated = False  # the backend keeps this spec warm, not the filler
 
 
 class Pool:
@@ -157,6 +164,7 @@ class Pool:
         self._room = asyncio.Condition()
         self._closing: set[asyncio.Task[None]] = set()
         self._closed = False
+        self._reported: set[SandboxSpec] = set()  # specs last told a target above 0
 
     # -- public API ------------------------------------------------------------------
 
@@ -179,6 +187,11 @@ class Pool:
         """
         loop = asyncio.get_running_loop()
         requested = loop.time()
+        state = self._state(spec)
+        if not self._closed and self.policy.warm_target(spec) != state.reported:
+            # Before the first create of a spec: a backend that takes its warming over
+            # serves this very acquire from its own warm capacity.
+            self._tell_backend(spec, state, self.policy.warm_target(spec))
         try:
             async with asyncio.timeout(timeout):
                 sandbox = await self._obtain(spec)
@@ -240,12 +253,20 @@ class Pool:
         """Tell the policy (and the backend's image hydration) what comes next."""
         self.policy.upcoming(specs)
         self.backend.hint_upcoming([s.image for s in specs])
-        for spec in dict.fromkeys(specs):
+        # Specs that left the window may have a lower target now: tell the backend too.
+        for spec in dict.fromkeys([*specs, *self._reported]):
             self._kick(spec)
+
+    def delegated(self, spec: SandboxSpec) -> bool:
+        """True while the backend keeps ``spec`` warm (``Backend.keep_warm``)."""
+        state = self._specs.get(spec)
+        return state is not None and state.delegated
 
     async def close(self) -> None:
         """Stop filling, close every idle and leased sandbox. Idempotent."""
         self._closed = True
+        for spec in list(self._reported):
+            self._tell_backend(spec, self._state(spec), 0)
         fillers = [s.filler for s in self._specs.values() if s.filler is not None]
         for task in fillers:
             task.cancel()
@@ -393,9 +414,29 @@ class Pool:
             have += state.leased
         return have < self.policy.warm_target(spec)
 
+    def _tell_backend(self, spec: SandboxSpec, state: _SpecState, target: int) -> None:
+        """Report a changed warm target; the backend's answer says who warms ``spec``."""
+        state.reported = target
+        if target > 0:
+            self._reported.add(spec)
+        else:
+            self._reported.discard(spec)
+        try:
+            state.delegated = bool(self.backend.keep_warm(spec, target))
+        except Exception as exc:  # a hint: a backend bug must not fail an acquire
+            state.delegated = False
+            self.metrics.count("keep_warm_errors")
+            warnings.warn(f"{type(self.backend).__name__}.keep_warm raised {exc!r}; the "
+                          "pool warms that spec itself", RuntimeWarning, stacklevel=2)
+
     def _kick(self, spec: SandboxSpec) -> None:
         state = self._state(spec)
-        if self._closed or (state.filler is not None and not state.filler.done()):
+        if self._closed:
+            return
+        target = self.policy.warm_target(spec)
+        if target != state.reported:
+            self._tell_backend(spec, state, target)
+        if state.delegated or (state.filler is not None and not state.filler.done()):
             return
         if self._short_of_target(spec, state):
             state.filler = asyncio.ensure_future(self._fill(spec))
@@ -403,7 +444,7 @@ class Pool:
     async def _fill(self, spec: SandboxSpec) -> None:
         state = self._state(spec)
         failures = 0
-        while not self._closed and self._short_of_target(spec, state):
+        while not self._closed and not state.delegated and self._short_of_target(spec, state):
             if self.max_sandboxes is not None and self.live >= self.max_sandboxes:
                 return
             state.filling += 1

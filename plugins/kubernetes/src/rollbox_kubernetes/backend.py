@@ -1,10 +1,18 @@
-"""``KubernetesBackend``: sandboxes from agent-sandbox warm pools, or raw pods.
+"""``KubernetesBackend``: sandboxes from agent-sandbox warm pools, direct Sandboxes, or
+raw pods.
 
-Claim mode (default), per spec: one SandboxTemplate and one SandboxWarmPool (created on
-first use, owned by this run); per ``create``: one SandboxClaim, readiness from a single
-watch that starts at the create response's resourceVersion. Core's Pool then reuses the
-sandbox across a task's rollouts through ``reset`` (in the pod), so a claim serves many
-rollouts. ``close`` deletes the claim; the controller removes its Sandbox and pod.
+Claim mode (default) puts warmth where it is cheapest (``warmpools.py``):
+
+- a spec whose warm target from core's pool policy (``keep_warm``) reaches
+  ``warm_pool_min``, or that has a pool already: one SandboxTemplate and one
+  SandboxWarmPool whose ``replicas`` follow the target; per ``create`` one SandboxClaim;
+- any other spec (e.g. one task's image, warmed one at a time by core's lookahead
+  policy): per ``create`` one ``Sandbox`` object, no template, pool or claim.
+
+Readiness comes from a single watch of the claim or Sandbox that starts at the create
+response's resourceVersion. Core's Pool then reuses the sandbox across a task's
+rollouts through ``reset`` (in the pod), so one create serves many rollouts. ``close``
+deletes the claim or Sandbox; the controller removes the pod.
 
 Pod mode (``mode="pod"``): the baseline, one bare pod per sandbox, deleted on close.
 
@@ -20,7 +28,7 @@ import asyncio
 import contextlib
 import os
 import secrets
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar
 
 from kubernetes_asyncio.client import ApiClient, Configuration, CoreV1Api
@@ -33,14 +41,15 @@ from rollbox.errors import (
     RollboxError,
 )
 from rollbox.sandbox import Capabilities
-from rollbox.spec import SandboxSpec
+from rollbox.spec import Network, SandboxSpec
 
 from rollbox_kubernetes import render
 from rollbox_kubernetes.client import ApiError, KubeClient, Obj, RequestStats
 from rollbox_kubernetes.podexec import ChannelWsApiClient
-from rollbox_kubernetes.resources import CLAIMS, PODS, TEMPLATES, WARM_POOLS, Resource
+from rollbox_kubernetes.resources import CLAIMS, NETWORK_POLICIES, PODS, SANDBOXES, Resource
 from rollbox_kubernetes.sandbox import KubeSandbox
-from rollbox_kubernetes.status import claim_state, pod_problem, pod_ready
+from rollbox_kubernetes.status import ClaimState, claim_state, pod_problem, pod_ready, sandbox_state
+from rollbox_kubernetes.warmpools import WarmPools
 from rollbox_kubernetes.watcher import Watcher
 
 MODES = ("claim", "pod")
@@ -68,7 +77,9 @@ class KubernetesBackend(Backend):
         runtime_class: str | None = None,
         node_selector: Mapping[str, str] | None = None,
         tolerations: Sequence[Mapping[str, Any]] = (),
-        warm_replicas: int = 2,
+        warm_pool_min: int = 2,
+        warm_replicas: int = 0,
+        scale_delay_s: float = 0.5,
         qps: float = 20.0,
         burst: int = 40,
         unschedulable_grace_s: float = 5.0,
@@ -81,8 +92,10 @@ class KubernetesBackend(Backend):
             namespace=namespace or os.environ.get("ROLLBOX_K8S_NAMESPACE", "default"),
             run_id=run_id or os.environ.get("ROLLBOX_RUN_ID") or f"r{secrets.token_hex(4)}",
             runtime_class=runtime_class, node_selector=dict(node_selector or {}),
-            tolerations=tuple(tolerations), warm_replicas=warm_replicas,
+            tolerations=tuple(tolerations),
         )
+        if warm_pool_min < 1 or warm_replicas < 0:
+            raise InvalidSpecError("warm_pool_min must be >= 1 and warm_replicas >= 0")
         self.host = host
         self.kubeconfig = kubeconfig
         self.context = context
@@ -92,8 +105,10 @@ class KubernetesBackend(Backend):
         self.probe_after_s = probe_after_s
         self.stats = RequestStats()
         self.live: dict[str, KubeSandbox] = {}
-        self._pools: dict[str, asyncio.Task[str]] = {}
-        self._owned: list[tuple[Resource, str]] = []
+        self.pools = WarmPools(self, min_replicas=warm_pool_min, floor=warm_replicas,
+                               scale_delay_s=scale_delay_s)
+        self._backing: dict[str, Resource] = {}  # sandbox id -> what close deletes
+        self._deny_all: asyncio.Task[None] | None = None
         self._client: KubeClient | None = None
         self._ws_api: CoreV1Api | None = None
         self._connecting: asyncio.Lock | None = None
@@ -124,6 +139,16 @@ class KubernetesBackend(Backend):
                 self._ws_api = CoreV1Api(ChannelWsApiClient(configuration=config))
         return self._client
 
+    # -- warmth --------------------------------------------------------------------------
+
+    def keep_warm(self, spec: SandboxSpec, count: int) -> bool:
+        """Claim mode takes a spec's warming over once its target reaches
+        ``warm_pool_min`` (or it has a pool already): the spec's SandboxWarmPool keeps
+        ``count`` warm, scaled by merge patches. Smaller targets stay with core."""
+        if self.mode != "claim":
+            return False
+        return self.pools.keep_warm(spec, count)
+
     # -- create --------------------------------------------------------------------------
 
     async def create(self, spec: SandboxSpec) -> KubeSandbox:
@@ -133,7 +158,12 @@ class KubernetesBackend(Backend):
                 if self.mode == "pod":
                     sandbox = await self._create_pod(spec)
                 else:
-                    sandbox = await self._create_claim(spec)
+                    key = render.spec_key(spec, self.options)
+                    pool = await self.pools.pool_for(spec, key)
+                    if pool is None:
+                        sandbox = await self._create_sandbox(spec, key)
+                    else:
+                        sandbox = await self._create_claim(spec, key, pool)
                 try:
                     await sandbox.remember_base()
                 except BaseException:
@@ -143,58 +173,73 @@ class KubernetesBackend(Backend):
             raise CreateFailedError(
                 f"no sandbox for image {spec.image!r} became ready within "
                 f"{spec.timeouts.create_s}s (namespace {self.options.namespace!r}); check "
-                "`kubectl get sandboxclaims,pods` and the warm pool's capacity"
+                "`kubectl get sandboxclaims,sandboxes,pods` and the warm pool's capacity"
             ) from None
         self.live[sandbox.id] = sandbox
         return sandbox
 
-    async def _create_claim(self, spec: SandboxSpec) -> KubeSandbox:
-        key = render.spec_key(spec, self.options)
-        pool = await self._ensure_pool(spec, key)
-        name = f"{self.options.run_id}-{key[:6]}-{secrets.token_hex(3)}"
-        created = await self._api("create claim", self.client.create(
+    def _name(self, key: str) -> str:
+        return f"{self.options.run_id}-{key[:6]}-{secrets.token_hex(3)}"
+
+    async def _create_claim(self, spec: SandboxSpec, key: str, pool: str) -> KubeSandbox:
+        name = self._name(key)
+        created = await self.api("create claim", self.client.create(
             CLAIMS, self.options.namespace, render.claim(name, pool, key, self.options)))
         try:
-            sandbox_name = await self._await_claim(name, created, spec)
+            sandbox_name = await self._await_ready(CLAIMS, name, created, spec, claim_state)
         except BaseException:
             await self._delete_quietly(CLAIMS, name)
             raise
+        self._backing[name] = CLAIMS
         return KubeSandbox(self, name, spec, pod=sandbox_name,
                            base_env=render.container_env(spec))
 
-    async def _ensure_pool(self, spec: SandboxSpec, key: str) -> str:
-        """Template and warm pool for ``spec``: created once per backend, concurrently safe."""
-        task = self._pools.get(key)
-        if task is None or (task.done() and task.exception() is not None):
-            task = asyncio.ensure_future(self._make_pool(spec))
-            self._pools[key] = task
-        return await asyncio.shield(task)
+    async def _create_sandbox(self, spec: SandboxSpec, key: str) -> KubeSandbox:
+        """A Sandbox object of its own: one create, no template, pool or claim."""
+        if spec.network is Network.NONE:
+            await self._ensure_deny_all()
+        name = self._name(key)
+        created = await self.api("create Sandbox", self.client.create(
+            SANDBOXES, self.options.namespace, render.sandbox(name, spec, self.options)))
+        try:
+            pod = await self._await_ready(SANDBOXES, name, created, spec, sandbox_state)
+        except BaseException:
+            await self._delete_quietly(SANDBOXES, name)
+            raise
+        self._backing[name] = SANDBOXES
+        return KubeSandbox(self, name, spec, pod=pod, base_env=render.container_env(spec))
 
-    async def _make_pool(self, spec: SandboxSpec) -> str:
-        ns = self.options.namespace
-        for res, body in ((TEMPLATES, render.template(spec, self.options)),
-                          (WARM_POOLS, render.warm_pool(spec, self.options))):
-            name = body["metadata"]["name"]
-            try:
-                await self._api(f"create {res.kind}", self.client.create(res, ns, body))
-                self._owned.append((res, name))
-            except ApiConflict:
-                pass  # this run made it earlier (another process of the run): reuse it
-        return str(render.warm_pool(spec, self.options)["metadata"]["name"])
+    async def _ensure_deny_all(self) -> None:
+        """The run's deny-all NetworkPolicy, before the first network=none Sandbox."""
+        if self._deny_all is None or (self._deny_all.done()
+                                      and self._deny_all.exception() is not None):
+            self._deny_all = asyncio.ensure_future(self._make_deny_all())
+        await asyncio.shield(self._deny_all)
 
-    async def _await_claim(self, name: str, created: Obj, spec: SandboxSpec) -> str:
-        """Watch the claim from the create response's resourceVersion until Ready."""
+    async def _make_deny_all(self) -> None:
+        body = render.deny_all(self.options)
+        try:
+            await self.api("create NetworkPolicy", self.client.create(
+                NETWORK_POLICIES, self.options.namespace, body))
+        except ApiConflict:
+            return  # applied before (another process of this run): use it, keep it
+        self.pools.owned.append((NETWORK_POLICIES, body["metadata"]["name"]))
+
+    async def _await_ready(self, res: Resource, name: str, created: Obj, spec: SandboxSpec,
+                           read: Callable[[Obj], ClaimState]) -> str:
+        """Watch a claim or Sandbox from the create response's resourceVersion until it
+        is Ready; returns its pod's name. ``read`` turns the object into a ClaimState."""
         loop = asyncio.get_running_loop()
         started = loop.time()
-        state = claim_state(created)
+        state = read(created)
         next_probe = started + self.probe_after_s
-        watcher = Watcher(self.client, CLAIMS, self.options.namespace, name,
+        watcher = Watcher(self.client, res, self.options.namespace, name,
                           created["metadata"]["resourceVersion"])
         try:
             while not state.ready:
                 if state.terminal:
                     raise CreateFailedError(
-                        f"SandboxClaim {name} failed: {state.reason}: {state.message}")
+                        f"{res.kind} {name} failed: {state.reason}: {state.message}")
                 if state.sandbox and loop.time() >= next_probe:
                     await self._probe_pod(state.sandbox, spec, started)
                     next_probe = loop.time() + max(self.probe_after_s, 1.0)
@@ -204,8 +249,8 @@ class KubernetesBackend(Backend):
                     continue
                 kind, obj = event
                 if kind == "DELETED":
-                    raise CreateFailedError(f"SandboxClaim {name} was deleted while starting")
-                state = claim_state(obj)
+                    raise CreateFailedError(f"{res.kind} {name} was deleted while starting")
+                state = read(obj)
         finally:
             await watcher.close()
         return state.sandbox
@@ -236,15 +281,15 @@ class KubernetesBackend(Backend):
         raise CreateFailedError(f"pod for image {spec.image!r} failed: {message}")
 
     async def _create_pod(self, spec: SandboxSpec) -> KubeSandbox:
-        key = render.spec_key(spec, self.options)
-        name = f"{self.options.run_id}-{key[:6]}-{secrets.token_hex(3)}"
-        created = await self._api("create pod", self.client.create(
+        name = self._name(render.spec_key(spec, self.options))
+        created = await self.api("create pod", self.client.create(
             PODS, self.options.namespace, render.raw_pod(name, spec, self.options)))
         try:
             await self._await_pod(name, created, spec)
         except BaseException:
             await self._delete_quietly(PODS, name)
             raise
+        self._backing[name] = PODS
         return KubeSandbox(self, name, spec, pod=name, base_env=render.container_env(spec))
 
     async def _await_pod(self, name: str, pod: Obj, spec: SandboxSpec) -> None:
@@ -266,20 +311,24 @@ class KubernetesBackend(Backend):
     # -- release and teardown ------------------------------------------------------------
 
     async def release(self, sandbox: KubeSandbox) -> None:
-        """Delete what backs ``sandbox`` (its claim, or its pod in pod mode)."""
+        """Delete what backs ``sandbox``: its claim, its Sandbox, or its pod."""
         self.live.pop(sandbox.id, None)
-        res = PODS if self.mode == "pod" else CLAIMS
+        res = self._backing.pop(sandbox.id, PODS if self.mode == "pod" else CLAIMS)
         await self._delete_quietly(res, sandbox.id)
 
     async def aclose(self) -> None:
-        """Delete this run's sandboxes, then the warm pools and templates it created."""
+        """Delete this run's sandboxes, then the warm pools, templates and network policy
+        this backend created (never ones it found: those belong to whoever applied them)."""
         for sandbox in list(self.live.values()):
             await sandbox.close()
-        for task in self._pools.values():
-            task.cancel()
-        for res, name in reversed(self._owned):
+        await self.pools.aclose()
+        if self._deny_all is not None:
+            self._deny_all.cancel()
+            await asyncio.gather(self._deny_all, return_exceptions=True)
+            self._deny_all = None
+        for res, name in reversed(self.pools.owned):
             await self._delete_quietly(res, name)
-        self._owned.clear()
+        self.pools.owned.clear()
         if self._client is not None:
             await self._client.close()
             self._client = None
@@ -289,8 +338,8 @@ class KubernetesBackend(Backend):
             self._ws_api = None
 
     async def leftovers(self) -> list[str]:
-        """This run's claims and non-warm pods still in the cluster, and sandboxes still
-        open; after ``aclose`` it looks through a short-lived client."""
+        """This run's claims, direct Sandboxes and non-warm pods still in the cluster, and
+        sandboxes still open; after ``aclose`` it looks through a short-lived client."""
         from rollbox_kubernetes.ops import leftovers
 
         held = [f"open sandbox {name}" for name in sorted(self.live)]
@@ -311,7 +360,8 @@ class KubernetesBackend(Backend):
 
     # -- error mapping -------------------------------------------------------------------
 
-    async def _api(self, what: str, call: Any) -> Obj:
+    async def api(self, what: str, call: Any) -> Obj:
+        """Await an API call, mapping its failure to rollbox's error tree."""
         try:
             result: Obj = await call
             return result

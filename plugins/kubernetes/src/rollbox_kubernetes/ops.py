@@ -12,6 +12,10 @@ from rollbox_kubernetes.client import ApiError, KubeClient, Obj
 from rollbox_kubernetes.resources import (
     CLAIMS,
     CRDS,
+    LABEL_MANAGED,
+    LABEL_RUN,
+    MANAGED_BY,
+    NETWORK_POLICIES,
     PODS,
     SANDBOXES,
     TEMPLATES,
@@ -25,6 +29,10 @@ NEEDED = (
     [(verb, "extensions.agents.x-k8s.io", plural, "")
      for plural in ("sandboxclaims", "sandboxwarmpools", "sandboxtemplates")
      for verb in ("create", "get", "watch", "delete")]
+    + [("patch", "extensions.agents.x-k8s.io", "sandboxwarmpools", "")]
+    + [(verb, "agents.x-k8s.io", "sandboxes", "") for verb in ("create", "get", "watch",
+                                                                 "delete")]
+    + [(verb, "networking.k8s.io", "networkpolicies", "") for verb in ("create", "delete")]
     + [(verb, "", "pods", "") for verb in ("create", "get", "watch", "delete")]
     + [("create", "", "pods", "exec")]
 )
@@ -86,10 +94,11 @@ class Reaped:
 
 async def reap(client: KubeClient, namespace: str, run_id: str, *,
                dry_run: bool = False) -> list[Reaped]:
-    """Delete every object labelled with ``run_id`` (claims first, then pools, templates
-    and left-over pods). Objects of other runs are never listed, so never touched."""
+    """Delete every object labelled with ``run_id`` (claims first, then directly made
+    Sandboxes, pools, templates, the run's NetworkPolicy and left-over pods). Objects of
+    other runs are never listed, so never touched."""
     out: list[Reaped] = []
-    for res in (CLAIMS, WARM_POOLS, TEMPLATES, PODS):
+    for res in (CLAIMS, SANDBOXES, WARM_POOLS, TEMPLATES, NETWORK_POLICIES, PODS):
         try:
             listing = await client.list_objects(res, namespace, label_selector=owned_by(run_id))
         except ApiError as err:
@@ -106,8 +115,9 @@ async def reap(client: KubeClient, namespace: str, run_id: str, *,
 
 async def leftovers(client: KubeClient, namespace: str, run_id: str, *,
                     settle_s: float = 10.0) -> list[str]:
-    """What one run still holds in the cluster: its claims, and its pods that are not
-    warm capacity of one of its live pools (one line each, ``Kind/name``).
+    """What one run still holds in the cluster: its claims, its directly made Sandboxes,
+    and its pods that are not warm capacity of one of its live pools (one line each,
+    ``Kind/name``).
 
     Objects on their way out (a deletionTimestamp, or an owner already gone, so the
     garbage collector will remove them) get ``settle_s`` to disappear before they count.
@@ -142,6 +152,9 @@ async def _held(client: KubeClient, namespace: str, run_id: str) -> tuple[list[s
     pods = await _items(client, PODS, namespace, owned_by(run_id))
     held = [f"SandboxClaim/{c['metadata']['name']}" for c in claims]
     pending = any(c["metadata"].get("deletionTimestamp") for c in claims)
+    direct = {name for name, s in sandboxes.items() if _is_direct(s, run_id)}
+    held += [f"Sandbox/{name}" for name in sorted(direct)]
+    pending |= any(sandboxes[name]["metadata"].get("deletionTimestamp") for name in direct)
     for pod in pods:
         meta = pod["metadata"]
         owners = [o for o in meta.get("ownerReferences") or [] if o.get("kind") == "Sandbox"]
@@ -150,6 +163,8 @@ async def _held(client: KubeClient, namespace: str, run_id: str) -> tuple[list[s
         if any(o.get("kind") == "SandboxWarmPool" and o.get("name") in pools
                for o in sandbox_owners):
             continue  # warm capacity of a live pool
+        if owners and owners[0]["name"] in direct:
+            continue  # listed as its Sandbox
         held.append(f"Pod/{meta['name']}")
         gone_owner = (owners and sandbox is None) or (sandbox is not None and not any(
             (o.get("kind") == "SandboxClaim" and o.get("name") in claim_names)
@@ -157,3 +172,11 @@ async def _held(client: KubeClient, namespace: str, run_id: str) -> tuple[list[s
             for o in sandbox_owners))
         pending |= bool(meta.get("deletionTimestamp")) or bool(gone_owner)
     return held, pending
+
+
+def _is_direct(sandbox: Obj, run_id: str) -> bool:
+    """A Sandbox this run created itself: its labels, and no claim or pool owns it."""
+    meta = sandbox["metadata"]
+    labels = meta.get("labels") or {}
+    return (labels.get(LABEL_RUN) == run_id and labels.get(LABEL_MANAGED) == MANAGED_BY
+            and not meta.get("ownerReferences"))

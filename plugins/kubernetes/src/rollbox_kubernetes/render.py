@@ -12,8 +12,13 @@ Mapping from the spec:
 - ``network=none`` → a template ``networkPolicy`` with no rules: upstream's controller
   then denies all ingress and egress. ``network=host`` → no ``networkPolicy``: upstream's
   secure default (public internet only, no cluster-internal or metadata addresses).
+- A directly created ``Sandbox`` carries the same ``podTemplate`` (labels included) as
+  the template would. A bare Sandbox has no ``networkPolicy`` field, so for
+  ``network=none`` its pod gets the label ``rollbox.dev/network=none`` and the run's
+  deny-all ``NetworkPolicy`` (``deny_all``) selects it; for ``network=host`` nothing
+  restricts it (the cluster's own policies apply, not upstream's template default).
 - ``KubeOptions`` adds what a spec does not say: runtimeClassName (e.g. ``gvisor``),
-  nodeSelector, tolerations, warm pool size.
+  nodeSelector, tolerations, the warm pool size ``rollbox k8s render`` writes.
 """
 
 from __future__ import annotations
@@ -31,9 +36,11 @@ from rollbox_kubernetes.resources import (
     CORE_GROUP,
     EXT_GROUP,
     LABEL_MANAGED,
+    LABEL_NETWORK,
     LABEL_RUN,
     LABEL_SPEC,
     MANAGED_BY,
+    NETWORK_POLICIES,
     PODS,
     SANDBOXES,
     TEMPLATES,
@@ -57,6 +64,8 @@ class KubeOptions:
     node_selector: Mapping[str, str] = field(default_factory=dict)
     tolerations: Sequence[Mapping[str, Any]] = ()
     warm_replicas: int = 2
+    """Replicas of a warm pool rendered without an explicit count (``rollbox k8s render
+    --replicas``); the backend sizes the pools it creates from the pool policy."""
     keepalive: Sequence[str] = DEFAULT_KEEPALIVE
     image_pull_policy: str = "IfNotPresent"
     service_account: str = "rollbox"
@@ -171,6 +180,40 @@ def claim(name: str, pool_name: str, key: str, options: KubeOptions) -> Obj:
     }
 
 
+def sandbox(name: str, spec: SandboxSpec, options: KubeOptions) -> Obj:
+    """A Sandbox made directly, no template or claim: the pod template is the one
+    ``template`` renders for ``spec``, so both paths start identical pods."""
+    key = spec_key(spec, options)
+    pod_labels = labels(options, key)
+    if spec.network is Network.NONE:
+        pod_labels[LABEL_NETWORK] = Network.NONE.value
+    return {
+        "apiVersion": SANDBOXES.api_version,
+        "kind": SANDBOXES.kind,
+        "metadata": _meta(name, options, key),
+        "spec": {"podTemplate": {"metadata": {"labels": pod_labels},
+                                 "spec": pod_spec(spec, options)}},
+    }
+
+
+def deny_all_name(options: KubeOptions) -> str:
+    return f"rbx-{options.run_id}-deny-all"
+
+
+def deny_all(options: KubeOptions) -> Obj:
+    """The run's NetworkPolicy for directly created Sandboxes with ``network=none``: no
+    ingress, no egress (what a template's empty ``networkPolicy`` makes upstream)."""
+    selector = {**labels(options), LABEL_NETWORK: Network.NONE.value}
+    return {
+        "apiVersion": NETWORK_POLICIES.api_version,
+        "kind": NETWORK_POLICIES.kind,
+        "metadata": {"name": deny_all_name(options), "namespace": options.namespace,
+                     "labels": labels(options)},
+        "spec": {"podSelector": {"matchLabels": selector},
+                 "policyTypes": ["Ingress", "Egress"], "ingress": [], "egress": []},
+    }
+
+
 def raw_pod(name: str, spec: SandboxSpec, options: KubeOptions) -> Obj:
     """The baseline: one bare pod per sandbox, no controller involved."""
     key = spec_key(spec, options)
@@ -190,7 +233,9 @@ def rbac(options: KubeOptions) -> list[Obj]:
                                                  CLAIMS.plural],
          "verbs": ["get", "list", "watch", "create", "patch", "delete"]},
         {"apiGroups": [CORE_GROUP], "resources": [SANDBOXES.plural],
-         "verbs": ["get", "list", "watch"]},
+         "verbs": ["get", "list", "watch", "create", "delete"]},
+        {"apiGroups": [NETWORK_POLICIES.group], "resources": [NETWORK_POLICIES.plural],
+         "verbs": ["get", "list", "create", "delete"]},
         {"apiGroups": [""], "resources": [PODS.plural],
          "verbs": ["get", "list", "watch", "create", "delete"]},
         {"apiGroups": [""], "resources": ["pods/exec"], "verbs": ["create", "get"]},

@@ -22,6 +22,9 @@ VERSION = "v1beta1"
 LABEL_MANAGED = "app.kubernetes.io/managed-by"
 LABEL_RUN = "rollbox.dev/run"
 LABEL_SPEC = "rollbox.dev/spec"
+# On the pods of directly created Sandboxes whose spec says network=none: the run's
+# deny-all NetworkPolicy selects them (a bare Sandbox has no networkPolicy field).
+LABEL_NETWORK = "rollbox.dev/network"
 MANAGED_BY = "rollbox"
 
 # Upstream's annotations: on a claim, the Sandbox it adopted; on a Sandbox, its pod.
@@ -57,6 +60,7 @@ SANDBOXES = Resource(CORE_GROUP, VERSION, "sandboxes", "Sandbox")
 TEMPLATES = Resource(EXT_GROUP, VERSION, "sandboxtemplates", "SandboxTemplate")
 WARM_POOLS = Resource(EXT_GROUP, VERSION, "sandboxwarmpools", "SandboxWarmPool")
 CLAIMS = Resource(EXT_GROUP, VERSION, "sandboxclaims", "SandboxClaim")
+NETWORK_POLICIES = Resource("networking.k8s.io", "v1", "networkpolicies", "NetworkPolicy")
 
 # The CRDs the claim mode needs, by their full names (what ``preflight`` looks up).
 CRDS = tuple(f"{r.plural}.{r.group}" for r in (SANDBOXES, TEMPLATES, WARM_POOLS, CLAIMS))

@@ -18,6 +18,9 @@ TERMINAL_CLAIM_REASONS = frozenset({
     "ClaimExpired", "SandboxExpired", "TemplateNotFound", "WarmPoolNotFound",
     "PodSucceeded", "PodFailed",
 })
+# Ready=False reasons of a Sandbox that will not recover by themselves.
+TERMINAL_SANDBOX_REASONS = frozenset({"SandboxExpired", "PodSucceeded", "PodFailed"})
+ANNOTATION_POD_NAME = "agents.x-k8s.io/pod-name"
 IMAGE_REASONS = frozenset({"ErrImagePull", "ImagePullBackOff", "InvalidImageName",
                            "ErrImageNeverPull"})
 CRASH_REASONS = frozenset({"CrashLoopBackOff", "CreateContainerConfigError",
@@ -51,6 +54,24 @@ def claim_state(claim: Obj) -> ClaimState:
         message=str(ready.get("message", "")),
         sandbox=sandbox,
     )
+
+
+def sandbox_state(sandbox: Obj) -> ClaimState:
+    """A directly created Sandbox, read like a claim: ``sandbox`` is its pod's name
+    (upstream names the pod after the Sandbox unless an annotation says otherwise)."""
+    meta = sandbox.get("metadata") or {}
+    pod = (meta.get("annotations") or {}).get(ANNOTATION_POD_NAME) or meta.get("name", "")
+    ready = condition(sandbox, "Ready") or {}
+    finished = condition(sandbox, "Finished") or {}
+    reason = str(ready.get("reason", ""))
+    message = str(ready.get("message", ""))
+    terminal = ready.get("status") == "False" and reason in TERMINAL_SANDBOX_REASONS
+    if finished.get("status") == "True":
+        terminal = True
+        reason = str(finished.get("reason", "Finished"))
+        message = str(finished.get("message", ""))
+    return ClaimState(ready=ready.get("status") == "True" and not terminal,
+                      terminal=terminal, reason=reason, message=message, sandbox=str(pod))
 
 
 def pod_ready(pod: Obj) -> bool:

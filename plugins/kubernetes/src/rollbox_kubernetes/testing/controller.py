@@ -1,8 +1,12 @@
 """The cluster behind the emulator: a test-only agent-sandbox controller and kubelet.
 
 Controller, following upstream's documented behaviour (not its code):
-- a SandboxWarmPool keeps ``replicas`` warm Sandboxes (each with its pod, same name),
-  labelled with the pool and owned by it;
+- every Sandbox gets one pod of the same name from its ``podTemplate``, owned by it, and
+  a ``Ready`` condition that mirrors the pod; a Sandbox created directly (no claim, no
+  pool) is handled exactly like one the extensions made;
+- a SandboxWarmPool keeps ``replicas`` warm Sandboxes, labelled with the pool and owned
+  by it: scaling up creates more, scaling down deletes the surplus unclaimed ones (those
+  not ready first, then the newest);
 - a SandboxClaim adopts a warm Sandbox of its pool, ready ones first, oldest first:
   annotates the claim with ``agents.x-k8s.io/sandbox-name``, moves the Sandbox's
   ownership from pool to claim, drops the pool label, sets ``launch-type=warm``; the pool
@@ -17,7 +21,8 @@ Kubelet: each new pod is scheduled (unless its nodeSelector does not match
 backing rollbox backend. An image the backend cannot find leaves the pod waiting in
 ``ImagePullBackOff``; images in ``stall_images`` never become ready. The container's
 memory and cpu limits become the backing sandbox's (a cgroup does that on a node); a
-pod whose template carries a deny-all ``networkPolicy`` gets no network (a CNI that
+pod whose template carries a deny-all ``networkPolicy``, or that a deny-all
+NetworkPolicy of its namespace selects when it starts, gets no network (a CNI that
 enforces NetworkPolicy does that), others the host's.
 """
 
@@ -137,6 +142,8 @@ class FakeCluster:
             self._fill_pool(ns, name)
         elif plural == "sandboxes":
             pool = (meta.get("labels") or {}).get(POOL_LABEL)
+            if kind == "ADDED":
+                self._make_pod(ns, name)
             if pool and kind == "DELETED":
                 self._fill_pool(ns, pool)
             self._sync_claims(ns, name)
@@ -155,20 +162,38 @@ class FakeCluster:
         policy = template["spec"].get("networkPolicy")
         if policy is not None and not policy.get("egress") and not policy.get("ingress"):
             self.networks[(ns, name)] = Network.NONE
-        sandbox = self.store.create("sandboxes", ns, {
+        return self.store.create("sandboxes", ns, {
             "apiVersion": CORE, "kind": "Sandbox",
             "metadata": {"name": name, "labels": labels,
                          "ownerReferences": [_owner(owner, owner_kind)]},
             "spec": {"podTemplate": pod_template},
         })
+
+    def _make_pod(self, ns: str, name: str) -> None:
+        """The Sandbox's one pod, named after it, from its pod template."""
+        sandbox = self.store.get("sandboxes", ns, name)
+        if sandbox is None or self.store.get("pods", ns, name) is not None:
+            return
+        pod_template = sandbox["spec"]["podTemplate"]
+        labels = dict((pod_template.get("metadata") or {}).get("labels") or {})
+        if self._denied(ns, labels):
+            self.networks[(ns, name)] = Network.NONE
         self.store.create("pods", ns, {
             "apiVersion": "v1", "kind": "Pod",
-            "metadata": {"name": name, "labels": dict(pod_template.get("metadata", {})
-                                                      .get("labels") or {}),
+            "metadata": {"name": name, "labels": labels,
                          "ownerReferences": [_owner(sandbox, "Sandbox")]},
             "spec": pod_template["spec"],
         })
-        return sandbox
+
+    def _denied(self, ns: str, labels: dict[str, str]) -> bool:
+        """A NetworkPolicy of ``ns`` selects these labels and allows no egress."""
+        for policy in self.store.list("networkpolicies", ns):
+            spec = policy.get("spec") or {}
+            wanted = (spec.get("podSelector") or {}).get("matchLabels") or {}
+            if (all(labels.get(k) == v for k, v in wanted.items())
+                    and "Egress" in (spec.get("policyTypes") or []) and not spec.get("egress")):
+                return True
+        return False
 
     def _warm(self, ns: str, pool: str) -> list[Obj]:
         return [s for s in self.store.list("sandboxes", ns)
@@ -178,10 +203,15 @@ class FakeCluster:
         pool = self.store.get("sandboxwarmpools", ns, name)
         if pool is None:
             return
-        missing = int(pool["spec"].get("replicas", 0)) - len(self._warm(ns, name))
+        warm = self._warm(ns, name)
+        missing = int(pool["spec"].get("replicas", 0)) - len(warm)
         template = pool["spec"]["sandboxTemplateRef"]["name"]
         for _ in range(max(0, missing)):
             self._new_sandbox(ns, template, pool, "SandboxWarmPool", {POOL_LABEL: name})
+        surplus = sorted(warm, key=lambda s: (self._ready(s),
+                                              -int(s["metadata"]["resourceVersion"])))
+        for sandbox in surplus[:max(0, -missing)]:
+            self.store.delete("sandboxes", ns, sandbox["metadata"]["name"])
 
     def _bind(self, claim: Obj) -> None:
         ns, name = claim["metadata"]["namespace"], claim["metadata"]["name"]

@@ -35,7 +35,9 @@ KNOWN = {
     ("extensions.agents.x-k8s.io", "sandboxtemplates"),
     ("extensions.agents.x-k8s.io", "sandboxwarmpools"),
     ("extensions.agents.x-k8s.io", "sandboxclaims"),
+    ("networking.k8s.io", "networkpolicies"),
 }
+BUILT_IN = {"", "networking.k8s.io"}  # served with or without the agent-sandbox CRDs
 EXEC_OUTPUT_CEILING = 512 * 1024 * 1024
 _PATH = re.compile(
     r"^/(?:api/v1|apis/(?P<group>[^/]+)/(?P<version>[^/]+))"
@@ -192,7 +194,7 @@ class ApiServerEmulator:
             if ns in self.namespaces:
                 return web.json_response({"kind": "Namespace", "metadata": {"name": ns}})
             return _error(404, "NotFound", f'namespaces "{ns}" not found')
-        if (group, plural) not in KNOWN or (group and not self.crds):
+        if (group, plural) not in KNOWN or (group not in BUILT_IN and not self.crds):
             return _error(404, "NotFound", "the server could not find the requested resource")
         if (verb, plural) in self.forbidden:
             return _error(403, "Forbidden", f'{plural} is forbidden: cannot {verb} "{plural}" '
