@@ -41,6 +41,7 @@ from rollbox_kubernetes.podexec import ChannelWsApiClient
 from rollbox_kubernetes.resources import CLAIMS, PODS, TEMPLATES, WARM_POOLS, Resource
 from rollbox_kubernetes.sandbox import KubeSandbox
 from rollbox_kubernetes.status import claim_state, pod_problem, pod_ready
+from rollbox_kubernetes.transport import TransportOptions, Transports
 from rollbox_kubernetes.watcher import Watcher
 
 MODES = ("claim", "pod")
@@ -73,6 +74,11 @@ class KubernetesBackend(Backend):
         burst: int = 40,
         unschedulable_grace_s: float = 5.0,
         probe_after_s: float = 2.0,
+        transport: str = "auto",
+        runtime_port: int = 8888,
+        runtime_url: str | None = None,
+        runtime_token: str | None = None,
+        runtime_max_timeout_s: float | None = None,
     ) -> None:
         if mode not in MODES:
             raise InvalidSpecError(f"kubernetes backend mode must be one of {MODES}, got {mode!r}")
@@ -91,6 +97,9 @@ class KubernetesBackend(Backend):
         self.unschedulable_grace_s = unschedulable_grace_s
         self.probe_after_s = probe_after_s
         self.stats = RequestStats()
+        self.transports = Transports(TransportOptions(
+            transport=transport, port=runtime_port, url=runtime_url, token=runtime_token,
+            max_timeout_s=runtime_max_timeout_s), self.options.namespace)
         self.live: dict[str, KubeSandbox] = {}
         self._pools: dict[str, asyncio.Task[str]] = {}
         self._owned: list[tuple[Resource, str]] = []
@@ -135,6 +144,7 @@ class KubernetesBackend(Backend):
                 else:
                     sandbox = await self._create_claim(spec)
                 try:
+                    await self.transports.attach(sandbox, self.client)
                     await sandbox.remember_base()
                 except BaseException:
                     await self.release(sandbox)
@@ -280,6 +290,7 @@ class KubernetesBackend(Backend):
         for res, name in reversed(self._owned):
             await self._delete_quietly(res, name)
         self._owned.clear()
+        await self.transports.aclose()
         if self._client is not None:
             await self._client.close()
             self._client = None
