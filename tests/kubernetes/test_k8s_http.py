@@ -21,6 +21,7 @@ from rollbox.spec import SandboxSpec
 from rollbox_kubernetes import KubernetesBackend
 from rollbox_kubernetes.sandbox import KubeSandbox
 from rollbox_kubernetes.testing import ApiServerEmulator
+from rollbox_kubernetes.testing.runtime import SandboxRouter
 from rollbox_local import LocalBackend
 
 BackendFactory = Callable[..., KubernetesBackend]
@@ -145,10 +146,8 @@ async def test_exec_transport_never_probes(make_http: BackendFactory, spec: Sand
 
 async def test_http_without_a_runtime_fails_create_and_leaves_nothing(
         make_backend: BackendFactory, emulator: ApiServerEmulator, spec: SandboxSpec) -> None:
-    backend = make_backend(transport="http", warm_replicas=0)
-    backend.transports.options = backend.transports.options.__class__(
-        transport="http", wait_s=0.5)
-    with pytest.raises(BackendUnavailableError, match="runtime.*did not answer"):
+    backend = make_backend(transport="http", warm_replicas=0, runtime_wait_s=0.5)
+    with pytest.raises(BackendUnavailableError, match=r"runtime.*did not answer"):
         await backend.create(spec)
     assert await backend.leftovers() == []
     await asyncio.sleep(0.1)
@@ -183,3 +182,24 @@ async def test_long_timeouts_go_through_pod_exec(make_http: BackendFactory,
         execs_before = execs(backend)
         assert (await sandbox.exec("echo long", timeout=120)).stdout == b"long\n"
         assert execs(backend) == execs_before + 1
+
+
+async def test_through_a_router_with_upstreams_headers(
+        make_http: BackendFactory, served: ApiServerEmulator, spec: SandboxSpec) -> None:
+    runtimes = served.cluster.runtimes
+    assert runtimes is not None
+    router = SandboxRouter(runtimes, token="s3cret")
+    await router.start()
+    try:
+        backend = make_http(transport="http", runtime_url=router.url, runtime_token="s3cret")
+        async with await backend.create(spec) as sandbox:
+            assert (await sandbox.exec("echo routed")).stdout == b"routed\n"
+            await sandbox.write_file("/app/r.txt", b"r")
+            assert await sandbox.read_file("/app/r.txt") == b"r"
+        assert router.forwarded > 0 and execs(backend) == 0
+        wrong = make_http(transport="http", runtime_url=router.url, runtime_token="nope",
+                          runtime_wait_s=0.3)
+        with pytest.raises(BackendUnavailableError):
+            await wrong.create(spec)
+    finally:
+        await router.stop()

@@ -79,6 +79,7 @@ class KubernetesBackend(Backend):
         runtime_url: str | None = None,
         runtime_token: str | None = None,
         runtime_max_timeout_s: float | None = None,
+        runtime_wait_s: float = 10.0,
     ) -> None:
         if mode not in MODES:
             raise InvalidSpecError(f"kubernetes backend mode must be one of {MODES}, got {mode!r}")
@@ -99,7 +100,7 @@ class KubernetesBackend(Backend):
         self.stats = RequestStats()
         self.transports = Transports(TransportOptions(
             transport=transport, port=runtime_port, url=runtime_url, token=runtime_token,
-            max_timeout_s=runtime_max_timeout_s), self.options.namespace)
+            max_timeout_s=runtime_max_timeout_s, wait_s=runtime_wait_s), self.options.namespace)
         self.live: dict[str, KubeSandbox] = {}
         self._pools: dict[str, asyncio.Task[str]] = {}
         self._owned: list[tuple[Resource, str]] = []

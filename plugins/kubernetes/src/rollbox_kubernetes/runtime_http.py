@@ -53,10 +53,12 @@ DEFAULT_PORT = 8888
 GRACE_S = 10.0
 RUNTIME_FAILED = "Failed to execute command: "
 # $1 the cap in bytes, $2 the directory to run in (the container's workingDir, where pod
-# exec starts; the runtime starts in its base directory); the rest is the command. Prints base64(stdout), a "-" line,
-# base64(stderr), a "-" line and the exit status ("-" is not in base64's alphabet). Each
-# stream goes through a fifo to a reader that keeps the first $1 bytes and drains the
-# rest, so the command never blocks or gets SIGPIPE.
+# exec starts; the runtime starts in its base directory); the rest is the command.
+# Prints base64(stdout), a "-" line, base64(stderr), a "-" line and the exit status ("-"
+# is not in base64's alphabet). Each stream goes through a fifo to a reader that keeps
+# the first $1 bytes and drains the rest, so the command never blocks or gets SIGPIPE.
+# The subshell keeps the shell's "Killed" note (dash writes it to the fd 2 in force while
+# it waits) out of the command's stderr.
 _WRAP = """d=$(mktemp -d) || exit 125
 trap 'rm -rf "$d"' EXIT
 mkfifo "$d/o" "$d/e" || exit 125
@@ -64,7 +66,7 @@ n=$1; cd -- "$2" || exit 125
 shift 2
 { head -c "$n" | base64 > "$d/O"; cat > /dev/null; } < "$d/o" &
 { head -c "$n" | base64 > "$d/E"; cat > /dev/null; } < "$d/e" &
-"$@" > "$d/o" 2> "$d/e" < /dev/null
+( exec "$@" < /dev/null > "$d/o" 2> "$d/e" ) 2> /dev/null
 c=$?
 wait
 cat "$d/O"; echo -; cat "$d/E"; echo -; echo "$c"
@@ -102,6 +104,10 @@ class RuntimeHttp:
                        **kwargs: Any) -> tuple[int, bytes]:
         """(status, body). Connection failures and timeouts raise RuntimeGone and
         TimeoutError; what they mean for the sandbox is the caller's to decide."""
+        sandbox = self.sandbox
+        if sandbox.closed or sandbox.lost or self.session.closed:
+            why = "is closed" if sandbox.closed or self.session.closed else "is lost"
+            raise SandboxLostError(f"sandbox {sandbox.id} {why}", sandbox_id=sandbox.id)
         self.stats[endpoint] += 1
         headers = dict(self.headers)
         if "X-Sandbox-ID" in headers:  # through a router: tell it how long to wait

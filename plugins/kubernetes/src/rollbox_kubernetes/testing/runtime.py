@@ -23,6 +23,7 @@ import random
 import shlex
 from urllib.parse import unquote
 
+import aiohttp
 from aiohttp import web
 from rollbox.errors import ExecTimeoutError, RollboxError
 from rollbox.sandbox import Sandbox
@@ -214,3 +215,61 @@ class Runtimes:
         for key in list(self.by_pod):
             with contextlib.suppress(Exception):
                 await self.stop(key)
+
+
+class SandboxRouter:
+    """A stand-in for upstream's sandbox router: forwards each request to the pod named
+    by ``X-Sandbox-ID`` (at ``X-Sandbox-Pod-IP`` when given, else the pod's runtime found
+    by name) on ``X-Sandbox-Port``, after checking the bearer ``token`` if one is set."""
+
+    def __init__(self, runtimes: Runtimes, *, token: str | None = None) -> None:
+        self.runtimes = runtimes
+        self.token = token
+        self.url = ""
+        self.forwarded = 0
+        self._runner: web.AppRunner | None = None
+        self._session: aiohttp.ClientSession | None = None
+
+    async def start(self) -> str:
+        app = web.Application(client_max_size=_CEILING)
+        app.router.add_route("*", "/{tail:.*}", self._forward)
+        self._runner = web.AppRunner(app, handle_signals=False, shutdown_timeout=0.5)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        await site.start()
+        self.url = f"http://127.0.0.1:{self._runner.addresses[0][1]}"
+        self._session = aiohttp.ClientSession()
+        return self.url
+
+    async def stop(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+        if self._runner is not None:
+            await self._runner.cleanup()
+
+    async def _forward(self, request: web.Request) -> web.Response:
+        if self.token is not None and request.headers.get("Authorization") != \
+                f"Bearer {self.token}":
+            return web.json_response({"detail": "Invalid token."}, status=401)
+        sandbox_id = request.headers.get("X-Sandbox-ID")
+        ns = request.headers.get("X-Sandbox-Namespace", "default")
+        if not sandbox_id:
+            return web.json_response({"detail": "X-Sandbox-ID header is required."},
+                                     status=400)
+        ip = request.headers.get("X-Sandbox-Pod-IP")
+        if not ip:
+            runtime = self.runtimes.by_pod.get((ns, sandbox_id))
+            if runtime is None:
+                return web.json_response({"detail": "no such sandbox"}, status=502)
+            ip = runtime.ip
+        port = request.headers.get("X-Sandbox-Port", "8888")
+        assert self._session is not None
+        headers = {k: v for k, v in request.headers.items()
+                   if k.lower() in ("content-type",)}
+        self.forwarded += 1
+        async with self._session.request(
+                request.method, f"http://{ip}:{port}{request.path_qs}", headers=headers,
+                data=await request.read(), allow_redirects=False) as upstream:
+            body = await upstream.read()
+            return web.Response(status=upstream.status, body=body,
+                                content_type=upstream.content_type)
