@@ -33,9 +33,13 @@ def summary(samples: list[float]) -> dict[str, float]:
             "mean_ms": 1000 * statistics.fmean(ordered)}
 
 
-async def run(commands: int, command: str) -> dict[str, Any]:
+def state_dir() -> Path:
     state = Path(tempfile.mkdtemp(prefix="rollbox-bench-k8s-exec-"))
-    state.chmod(0o711)
+    state.chmod(0o711)  # the sandbox user must reach it
+    return state
+
+
+async def run(commands: int, command: str, state: Path) -> dict[str, Any]:
     try:
         async with ApiServerEmulator(LocalBackend(state_dir=state), http_runtime=True) as emu:
             spec = SandboxSpec(image="host", workdir="/work", timeouts=Timeouts(create_s=60))
@@ -45,7 +49,7 @@ async def run(commands: int, command: str) -> dict[str, Any]:
                         for name in ("exec", "http")}
             sandboxes = {name: await b.create(spec) for name, b in backends.items()}
             samples: dict[str, list[float]] = {name: [] for name in backends}
-            for name, sandbox in sandboxes.items():  # warm up connections
+            for sandbox in sandboxes.values():  # warm up connections
                 await sandbox.exec(command)
             for _ in range(commands):
                 for name, sandbox in sandboxes.items():
@@ -68,7 +72,7 @@ def main() -> None:
     parser.add_argument("--commands", type=int, default=200)
     parser.add_argument("--command", default="true")
     args = parser.parse_args()
-    result = asyncio.run(run(args.commands, args.command))
+    result = asyncio.run(run(args.commands, args.command, state_dir()))
     print(json.dumps({"commands": args.commands, "command": args.command, **result},
                      indent=2))
 

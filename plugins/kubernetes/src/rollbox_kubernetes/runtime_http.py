@@ -53,23 +53,26 @@ DEFAULT_PORT = 8888
 GRACE_S = 10.0
 RUNTIME_FAILED = "Failed to execute command: "
 # $1 the cap in bytes, $2 the directory to run in (the container's workingDir, where pod
-# exec starts; the runtime starts in its base directory); the rest is the command.
-# Prints base64(stdout), a "-" line, base64(stderr), a "-" line and the exit status ("-"
-# is not in base64's alphabet). Each stream goes through a fifo to a reader that keeps
-# the first $1 bytes and drains the rest, so the command never blocks or gets SIGPIPE.
-# The subshell keeps the shell's "Killed" note (dash writes it to the fd 2 in force while
-# it waits) out of the command's stderr.
-_WRAP = """d=$(mktemp -d) || exit 125
-trap 'rm -rf "$d"' EXIT
-mkfifo "$d/o" "$d/e" || exit 125
-n=$1; cd -- "$2" || exit 125
-shift 2
-{ head -c "$n" | base64 > "$d/O"; cat > /dev/null; } < "$d/o" &
-{ head -c "$n" | base64 > "$d/E"; cat > /dev/null; } < "$d/e" &
-( exec "$@" < /dev/null > "$d/o" 2> "$d/e" ) 2> /dev/null
+# exec starts; the runtime starts in its base directory), $3 a fresh token naming the
+# wrapper's files in $TMPDIR or /tmp; the rest is the command. Prints base64(stdout), a
+# "-" line, base64(stderr), a "-" line and the exit status ("-" is not in base64's
+# alphabet). Each stream goes through a fifo to a reader that keeps the first $1 bytes
+# and drains the rest, so the command never blocks or gets SIGPIPE. The subshell keeps
+# the shell's "Killed" note (dash writes it to the fd 2 in force while it waits) out of
+# the command's stderr. Few processes: each costs a fork and exec per command.
+_WRAP = """n=$1 p=${TMPDIR:-/tmp}/.rollbox-out-$3
+cd -- "$2" || exit 125
+shift 3
+mkfifo -m 600 "$p.o" "$p.e" || exit 125
+trap 'rm -f "$p.o" "$p.e" "$p.O" "$p.E"' EXIT
+{ head -c "$n" > "$p.O"; cat > /dev/null; } < "$p.o" &
+{ head -c "$n" > "$p.E"; cat > /dev/null; } < "$p.e" &
+( exec "$@" < /dev/null > "$p.o" 2> "$p.e" ) 2> /dev/null
 c=$?
 wait
-cat "$d/O"; echo -; cat "$d/E"; echo -; echo "$c"
+if [ -s "$p.O" ]; then base64 "$p.O"; fi; echo -
+if [ -s "$p.E" ]; then base64 "$p.E"; fi; echo -
+echo "$c"
 """
 _FRAME = re.compile(r"([A-Za-z0-9+/=\n]*)-\n([A-Za-z0-9+/=\n]*)-\n([0-9]+)\n")
 # $1 target, $2 octal mode, $3 the uploaded staging file.
@@ -164,7 +167,8 @@ class RuntimeHttp:
             command = shlex.join(argv)
         else:
             command = shlex.join(["/bin/sh", "-c", _WRAP, "sh", str(limit + 1),
-                                  self.sandbox.spec.workdir, *argv])
+                                  self.sandbox.spec.workdir,
+                                  secrets.token_hex(8), *argv])
         try:
             answer = await self._execute(command, timeout_s=timeout_s + GRACE_S)
         except RuntimeGone as exc:
