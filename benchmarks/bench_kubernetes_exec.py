@@ -3,7 +3,8 @@
 One emulator whose pods serve agent-sandbox's runtime API (``http_runtime=True``), backed
 by real local sandboxes; one sandbox per transport; N commands one after another on
 each, alternating so both see the same machine load. Latency is the client's, from
-``exec`` called to result.
+``exec`` called to result. ``http_unwrapped`` is the same argv sent to the runtime without
+the output-capping wrapper (how rollbox sends its own scripts): the transport's own cost.
 
     uv run python benchmarks/bench_kubernetes_exec.py --commands 200
 """
@@ -13,6 +14,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import shlex
 import shutil
 import statistics
 import tempfile
@@ -48,7 +50,10 @@ async def run(commands: int, command: str, state: Path) -> dict[str, Any]:
                                                 qps=1000, burst=1000)
                         for name in ("exec", "http")}
             sandboxes = {name: await b.create(spec) for name, b in backends.items()}
-            samples: dict[str, list[float]] = {name: [] for name in backends}
+            samples: dict[str, list[float]] = {name: [] for name in
+                                               (*backends, "http_unwrapped")}
+            runtime = sandboxes["http"].runtime  # type: ignore[attr-defined]
+            argv = ["timeout", "-s", "KILL", "60", "env", "ROLLBOX_EXEC=x", *shlex.split(command)]
             for sandbox in sandboxes.values():  # warm up connections
                 await sandbox.exec(command)
             for _ in range(commands):
@@ -57,6 +62,10 @@ async def run(commands: int, command: str, state: Path) -> dict[str, Any]:
                     result = await sandbox.exec(command)
                     samples[name].append(time.perf_counter() - started)
                     assert result.ok, result
+                started = time.perf_counter()
+                raw = await runtime.exec(argv, limit=1 << 20, timeout_s=60, raw=True)
+                samples["http_unwrapped"].append(time.perf_counter() - started)
+                assert raw.exit_code == 0, raw
             out = {name: summary(s) for name, s in samples.items()}
             for name, backend in backends.items():
                 out[name]["api_exec_requests"] = backend.stats.by_verb["exec"]
