@@ -203,3 +203,24 @@ async def test_through_a_router_with_upstreams_headers(
             await wrong.create(spec)
     finally:
         await router.stop()
+
+
+async def test_a_runtime_that_cannot_run_commands_is_not_used(local_state: Path,
+                                                             spec: SandboxSpec) -> None:
+    """It answers GET / but kills every command at once (its own time limit): auto
+    falls back to pod exec, http refuses to create, saying why."""
+    async with ApiServerEmulator(LocalBackend(state_dir=local_state), http_runtime=True,
+                                 runtime_exec_timeout_s=0.001) as emu:
+        auto = KubernetesBackend(host=emu.url, run_id="auto", warm_replicas=0)
+        strict = KubernetesBackend(host=emu.url, run_id="strict", warm_replicas=0,
+                                   transport="http", runtime_wait_s=0.3)
+        try:
+            async with await auto.create(spec) as sandbox:
+                assert (await sandbox.exec("echo hi")).stdout == b"hi\n"
+            assert execs(auto) >= 2
+            with pytest.raises(BackendUnavailableError, match="its own limit"):
+                await strict.create(spec)
+            assert await strict.leftovers() == []
+        finally:
+            await auto.aclose()
+            await strict.aclose()

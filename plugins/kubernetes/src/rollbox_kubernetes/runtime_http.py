@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
 import aiohttp
-from rollbox.errors import ExecTimeoutError, SandboxLostError
+from rollbox.errors import ExecTimeoutError, SandboxError, SandboxLostError
 
 from rollbox_kubernetes.podexec import ExecOutput
 
@@ -100,6 +100,7 @@ class RuntimeHttp:
         self.stats: Counter[str] = stats if stats is not None else Counter()
         self.max_timeout_s = max_timeout_s
         self.base_dir = ""
+        self.failure = ""
 
     # -- requests ----------------------------------------------------------------------
 
@@ -127,18 +128,25 @@ class RuntimeHttp:
             raise RuntimeGone(f"{type(exc).__name__}: {exc}") from exc
 
     async def probe(self, timeout_s: float) -> bool:
-        """True when the runtime answers ``GET /`` and can run a command; learns its base
-        directory (where ``/execute`` runs and the file endpoints are rooted)."""
+        """True when the runtime answers ``GET /`` and runs a command through the output
+        wrapper (so the image has what it needs); learns the runtime's base directory
+        (where ``/execute`` starts and the file endpoints are rooted). ``failure`` says
+        why not."""
         try:
             status, body = await self._request("probe", "GET", "/", timeout_s=timeout_s)
             if status != 200 or b'"ok"' not in body:
+                self.failure = f"GET / answered {status}: {body[:100]!r}"
                 return False
-            answer = await self._execute("pwd", timeout_s=max(timeout_s, 5.0))
-        except (RuntimeGone, TimeoutError):
+            out = await self._wrapped(["pwd"], ".", limit=4096,
+                                      timeout_s=max(timeout_s, 5.0), probing=True)
+        except (RuntimeGone, TimeoutError, SandboxError) as exc:
+            self.failure = f"{type(exc).__name__}: {exc}"
             return False
-        if answer is None or answer[2] != 0 or not answer[0].startswith("/"):
+        if out.exit_code != 0 or not out.stdout.startswith(b"/"):
+            self.failure = (f"it cannot run rollbox's output wrapper (needs sh, mkfifo, head, "
+                            f"cat, base64, rm): {out.failure or out.stderr[:200]!r}")
             return False
-        self.base_dir = answer[0].strip()
+        self.base_dir = out.stdout.decode(errors="replace").strip()
         return True
 
     async def _execute(self, command: str, *, timeout_s: float
@@ -164,16 +172,29 @@ class RuntimeHttp:
         """Run ``argv`` (the pod-exec path's argv, unchanged) and collect its output.
         ``raw``: rollbox's own short-output scripts, sent without the capping wrapper."""
         if raw:
-            command = shlex.join(argv)
-        else:
-            command = shlex.join(["/bin/sh", "-c", _WRAP, "sh", str(limit + 1),
-                                  self.sandbox.spec.workdir,
-                                  secrets.token_hex(8), *argv])
+            return await self._send(shlex.join(argv), limit, timeout_s, raw=True)
+        return await self._wrapped(argv, self.sandbox.spec.workdir, limit=limit,
+                                   timeout_s=timeout_s)
+
+    async def _wrapped(self, argv: list[str], cwd: str, *, limit: int, timeout_s: float,
+                       probing: bool = False) -> ExecOutput:
+        command = shlex.join(["/bin/sh", "-c", _WRAP, "sh", str(limit + 1), cwd,
+                              secrets.token_hex(8), *argv])
+        return await self._send(command, limit, timeout_s, raw=False, probing=probing)
+
+    async def _send(self, command: str, limit: int, timeout_s: float, *, raw: bool,
+                    probing: bool = False) -> ExecOutput:
+        """``probing``: a broken connection is the probe's failure, not a lost sandbox."""
         try:
             answer = await self._execute(command, timeout_s=timeout_s + GRACE_S)
         except RuntimeGone as exc:
+            if probing:
+                raise
             raise self._lost(f"the connection to its runtime at {self.url} broke during "
                              f"the command ({exc})") from None
+        if answer is None and probing:
+            return ExecOutput(None, b"", b"", False, False,
+                              failure="no usable answer to /execute")
         if answer is None:
             raise self._lost(f"its runtime at {self.url} gave no usable answer to /execute")
         stdout, stderr, code = answer
@@ -201,11 +222,12 @@ class RuntimeHttp:
 
     def _runtime_failure(self, stderr: str, timeout_s: float) -> ExecOutput:
         """The runtime refused or killed the command itself."""
-        if "timed out after" in stderr:
+        limit = re.search(r"timed out after [0-9.]+ seconds", stderr)
+        if limit is not None:
             raise ExecTimeoutError(
-                f"the sandbox runtime killed the command at its own limit, before rollbox's "
-                f"{timeout_s}s ({stderr.strip()[:200]}); raise SANDBOX_EXEC_TIMEOUT_SECONDS "
-                "in the image, or lower the backend's runtime_max_timeout_s so longer "
+                f"the sandbox runtime killed the command at its own limit ({limit[0]}), "
+                f"before rollbox's {timeout_s}s; raise SANDBOX_EXEC_TIMEOUT_SECONDS in the "
+                "image, or set the backend's runtime_max_timeout_s to that limit so longer "
                 "commands go through pod exec",
                 sandbox_id=self.sandbox.id, timeout_s=timeout_s)
         return ExecOutput(None, b"", stderr.encode(), False, False,

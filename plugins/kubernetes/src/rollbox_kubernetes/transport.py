@@ -97,9 +97,11 @@ class Transports:
             return
         if opts.transport == "http":
             where = opts.url or f"http://{sandbox.pod_ip or '<no pod IP>'}:{opts.port}"
+            why = f" ({runtime.failure})" if runtime is not None and runtime.failure else ""
             raise BackendUnavailableError(
-                f"transport='http': the sandbox runtime of pod {sandbox.pod} did not answer "
-                f"at {where} within {opts.wait_s}s; the image must serve agent-sandbox's "
+                f"transport='http': the sandbox runtime of pod {sandbox.pod} at {where} "
+                f"did not answer or cannot run commands{why} (waited {opts.wait_s}s); the "
+                "image must serve agent-sandbox's "
                 f"runtime API on port {opts.port} (examples/python-runtime-sandbox), "
                 "reachable from this process (run inside the cluster, or pass runtime_url= "
                 "a sandbox router); or use transport='auto' or 'exec'")

@@ -87,9 +87,10 @@ class FakeCluster:
         self._tasks: set[asyncio.Task[None]] = set()
         self._loop: asyncio.Task[None] | None = None
         self._ips = 0
-        # Pod IPs are loopback addresses: with no runtime served there, a probe of the
-        # in-sandbox HTTP runtime is refused at once and never leaves the machine.
-        self._ip_base = f"127.{secrets.randbelow(254) + 1}"
+        # Pod IPs are loopback addresses in 127.1-127.x.x: with no runtime served there,
+        # a probe of the in-sandbox HTTP runtime is refused at once and never leaves the
+        # machine. Served runtimes take addresses from 127.128 up (runtime.py).
+        self._ip_base = f"127.{secrets.randbelow(127) + 1}"
         self.runtimes = runtimes
 
     def start(self) -> None:

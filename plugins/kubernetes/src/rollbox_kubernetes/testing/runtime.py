@@ -61,7 +61,8 @@ class SandboxRuntime:
         runner = web.AppRunner(app, handle_signals=False, shutdown_timeout=0.5)
         await runner.setup()
         for _ in range(50):
-            ip = f"127.{random.randint(1, 254)}.{random.randint(0, 255)}.{random.randint(1, 254)}"
+            # 127.128 and up: apart from the unserved pod IPs of controller.py
+            ip = f"127.{random.randint(128, 254)}.{random.randint(0, 255)}.{random.randint(1, 254)}"
             try:
                 await web.TCPSite(runner, ip, port).start()
             except OSError as exc:
