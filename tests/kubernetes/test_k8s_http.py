@@ -120,11 +120,19 @@ async def test_stdin_goes_through_pod_exec(make_http: BackendFactory, spec: Sand
     assert execs(backend) == 1
 
 
-async def test_auto_uses_http_when_served(make_http: BackendFactory, spec: SandboxSpec) -> None:
+async def test_auto_uses_http_when_served(make_http: BackendFactory,
+                                         served: ApiServerEmulator, spec: SandboxSpec) -> None:
     backend = make_http()
     async with await backend.create(spec) as sandbox:
         assert (await sandbox.exec("echo hi")).stdout == b"hi\n"
+        assert served.cluster.runtimes is not None
+        assert list(served.cluster.runtimes.by_pod) == [("default", sandbox.pod)]
     assert execs(backend) == 0 and backend.transports.stats["probe"] == 1
+    async with asyncio.timeout(10):  # the pod went, and its runtime with it
+        while True:
+            if not served.cluster.runtimes.by_pod:
+                break
+            await asyncio.sleep(0.05)
 
 
 async def test_auto_falls_back_to_pod_exec_when_not_served(
