@@ -110,7 +110,7 @@ if [ -f "$base/commit" ]; then
   cd -- "$1" && git reset -q --hard "$(cat "$base/commit")" && git clean -q -xdff || exit 7
 fi
 """
-_ARGV_CHUNK = 96 * 1024
+_ARGV_CHUNK = 64 * 1024  # base64 of 96 KiB is 131072 chars: one over MAX_ARG_STRLEN with its NUL
 
 
 class KubeSandbox(Sandbox):
