@@ -18,7 +18,7 @@ from rollbox.errors import (
     SandboxLostError,
 )
 from rollbox.spec import SandboxSpec
-from rollbox_kubernetes import KubernetesBackend
+from rollbox_kubernetes import KubernetesBackend, render
 from rollbox_kubernetes.sandbox import KubeSandbox
 from rollbox_kubernetes.testing import ApiServerEmulator
 from rollbox_kubernetes.testing.runtime import SandboxRouter
@@ -232,3 +232,17 @@ async def test_a_runtime_that_cannot_run_commands_is_not_used(local_state: Path,
         finally:
             await auto.aclose()
             await strict.aclose()
+
+
+def test_http_pods_run_the_images_own_entrypoint(spec: SandboxSpec) -> None:
+    """The runtime is the image's own command: under transport='http' the container's
+    command is not replaced by the keep-alive ``sleep infinity``."""
+    def command(**options: object) -> object:
+        backend = KubernetesBackend(host="http://127.0.0.1:1", **options)  # type: ignore[arg-type]
+        container = render.pod_spec(spec, backend.options)["containers"][0]
+        return container.get("command")
+
+    assert command(transport="http") is None
+    assert command() == ["sleep", "infinity"]  # auto: any image must stay up
+    assert command(keepalive=()) is None
+    assert command(transport="http", keepalive=["/start-runtime"]) == ["/start-runtime"]

@@ -80,6 +80,7 @@ class KubernetesBackend(Backend):
         runtime_token: str | None = None,
         runtime_max_timeout_s: float | None = None,
         runtime_wait_s: float = 10.0,
+        keepalive: Sequence[str] | None = None,
     ) -> None:
         if mode not in MODES:
             raise InvalidSpecError(f"kubernetes backend mode must be one of {MODES}, got {mode!r}")
@@ -89,6 +90,8 @@ class KubernetesBackend(Backend):
             run_id=run_id or os.environ.get("ROLLBOX_RUN_ID") or f"r{secrets.token_hex(4)}",
             runtime_class=runtime_class, node_selector=dict(node_selector or {}),
             tolerations=tuple(tolerations), warm_replicas=warm_replicas,
+            keepalive=tuple(keepalive) if keepalive is not None else (
+                () if transport == "http" else render.DEFAULT_KEEPALIVE),
         )
         self.host = host
         self.kubeconfig = kubeconfig
