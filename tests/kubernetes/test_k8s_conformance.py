@@ -21,6 +21,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any, ClassVar
 
+import pytest
 import pytest_asyncio
 from rollbox import Backend, Sandbox, SandboxSpec
 from rollbox_conformance import BackendTests
@@ -112,3 +113,26 @@ class TestKubernetesConformance(BackendTests):
                 backend.options, backend.unschedulable_grace_s = options, grace
 
         backend.create = unschedulable_once  # type: ignore[method-assign]
+
+
+@pytest.mark.slow
+class TestKubernetesConformanceHttp(TestKubernetesConformance):
+    """The same suite with commands and files through the in-sandbox HTTP runtime
+    (``transport="http"``), against the emulator, whose pods then serve it. Against a
+    real cluster it is skipped: the image would have to run the runtime."""
+
+    @pytest_asyncio.fixture
+    async def backend(  # type: ignore[override]  # a fixture: extra fixtures are fine
+        self, local_state: Path
+    ) -> AsyncIterator[Backend]:
+        if CLUSTER is not None:
+            pytest.skip("transport='http' needs an image that serves the runtime")
+        backing = LocalBackend(state_dir=local_state)
+        async with ApiServerEmulator(backing, http_runtime=True) as emulator:
+            backend = KubernetesBackend(host=emulator.url, run_id=f"conf-{uuid.uuid4().hex[:8]}",
+                                        warm_replicas=1, qps=500, burst=500,
+                                        probe_after_s=0.3, transport="http")
+            try:
+                yield backend
+            finally:
+                await backend.aclose()

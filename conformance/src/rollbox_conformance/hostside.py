@@ -118,9 +118,10 @@ class Listener:
     def reached(self, wait_s: float = 0.3) -> bool:
         """True if a connection or datagram arrived."""
         deadline = time.monotonic() + wait_s
+        poller = select.poll()  # not select(): fds above 1024 are common with many sandboxes
+        poller.register(self.sock, select.POLLIN)
         while True:
-            readable, _, _ = select.select([self.sock], [], [], 0.05)
-            if readable:
+            if poller.poll(50):
                 return True
             if time.monotonic() >= deadline:
                 return False

@@ -49,6 +49,7 @@ from rollbox_kubernetes.podexec import ChannelWsApiClient
 from rollbox_kubernetes.resources import CLAIMS, NETWORK_POLICIES, PODS, SANDBOXES, Resource
 from rollbox_kubernetes.sandbox import KubeSandbox
 from rollbox_kubernetes.status import ClaimState, claim_state, pod_problem, pod_ready, sandbox_state
+from rollbox_kubernetes.transport import TransportOptions, Transports
 from rollbox_kubernetes.warmpools import WarmPools
 from rollbox_kubernetes.watcher import Watcher
 
@@ -84,6 +85,13 @@ class KubernetesBackend(Backend):
         burst: int = 40,
         unschedulable_grace_s: float = 5.0,
         probe_after_s: float = 2.0,
+        transport: str = "auto",
+        runtime_port: int = 8888,
+        runtime_url: str | None = None,
+        runtime_token: str | None = None,
+        runtime_max_timeout_s: float | None = None,
+        runtime_wait_s: float = 10.0,
+        keepalive: Sequence[str] | None = None,
     ) -> None:
         if mode not in MODES:
             raise InvalidSpecError(f"kubernetes backend mode must be one of {MODES}, got {mode!r}")
@@ -93,6 +101,8 @@ class KubernetesBackend(Backend):
             run_id=run_id or os.environ.get("ROLLBOX_RUN_ID") or f"r{secrets.token_hex(4)}",
             runtime_class=runtime_class, node_selector=dict(node_selector or {}),
             tolerations=tuple(tolerations),
+            keepalive=tuple(keepalive) if keepalive is not None else (
+                () if transport == "http" else render.DEFAULT_KEEPALIVE),
         )
         if warm_pool_min < 1 or warm_replicas < 0:
             raise InvalidSpecError("warm_pool_min must be >= 1 and warm_replicas >= 0")
@@ -104,6 +114,9 @@ class KubernetesBackend(Backend):
         self.unschedulable_grace_s = unschedulable_grace_s
         self.probe_after_s = probe_after_s
         self.stats = RequestStats()
+        self.transports = Transports(TransportOptions(
+            transport=transport, port=runtime_port, url=runtime_url, token=runtime_token,
+            max_timeout_s=runtime_max_timeout_s, wait_s=runtime_wait_s), self.options.namespace)
         self.live: dict[str, KubeSandbox] = {}
         self.pools = WarmPools(self, min_replicas=warm_pool_min, floor=warm_replicas,
                                scale_delay_s=scale_delay_s)
@@ -165,6 +178,7 @@ class KubernetesBackend(Backend):
                     else:
                         sandbox = await self._create_claim(spec, key, pool)
                 try:
+                    await self.transports.attach(sandbox, self.client)
                     await sandbox.remember_base()
                 except BaseException:
                     await self.release(sandbox)
@@ -329,6 +343,7 @@ class KubernetesBackend(Backend):
         for res, name in reversed(self.pools.owned):
             await self._delete_quietly(res, name)
         self.pools.owned.clear()
+        await self.transports.aclose()
         if self._client is not None:
             await self._client.close()
             self._client = None

@@ -6,7 +6,9 @@ feeds the backend, ``rollbox k8s render`` and the tests.
 Mapping from the spec:
 
 - ``image``, ``workdir``, ``env`` → the one container (``workingDir``, ``env``); the
-  container only keeps the pod alive (``keepalive``), commands arrive through exec.
+  container only keeps the pod alive (``keepalive``), commands arrive through exec; an
+  empty ``keepalive`` leaves the image's own entrypoint, for images that serve
+  agent-sandbox's HTTP runtime.
 - ``resources`` → requests = limits (cpu, memory, ephemeral-storage), so a sandbox gets
   what it asked for and no more (Guaranteed QoS).
 - ``network=none`` → a template ``networkPolicy`` with no rules: upstream's controller
@@ -111,11 +113,12 @@ def pod_spec(spec: SandboxSpec, options: KubeOptions) -> Obj:
         "name": CONTAINER,
         "image": spec.image,
         "imagePullPolicy": options.image_pull_policy,
-        "command": list(options.keepalive),
         "workingDir": spec.workdir,
         "env": [{"name": k, "value": v} for k, v in sorted(container_env(spec).items())],
         "resources": _resources(spec),
     }
+    if options.keepalive:  # empty: the image's own entrypoint runs (e.g. its HTTP runtime)
+        container["command"] = list(options.keepalive)
     out: Obj = {
         "containers": [container],
         "automountServiceAccountToken": False,

@@ -38,6 +38,7 @@ from rollbox.errors import ImageError, RollboxError
 from rollbox.sandbox import Sandbox
 from rollbox.spec import Network, Resources, SandboxSpec
 
+from rollbox_kubernetes.testing.runtime import Runtimes
 from rollbox_kubernetes.testing.store import Conflict, Obj, Store
 
 CORE = "agents.x-k8s.io/v1beta1"
@@ -79,7 +80,7 @@ def _cond(kind: str, ok: bool, reason: str, message: str = "") -> Obj:
 
 class FakeCluster:
     def __init__(self, store: Store, backing: Backend, *,
-                 node_labels: dict[str, str]) -> None:
+                 node_labels: dict[str, str], runtimes: Runtimes | None = None) -> None:
         self.store = store
         self.backing = backing
         self.node_labels = node_labels
@@ -91,6 +92,11 @@ class FakeCluster:
         self._tasks: set[asyncio.Task[None]] = set()
         self._loop: asyncio.Task[None] | None = None
         self._ips = 0
+        # Pod IPs are loopback addresses in 127.1-127.x.x: with no runtime served there,
+        # a probe of the in-sandbox HTTP runtime is refused at once and never leaves the
+        # machine. Served runtimes take addresses from 127.128 up (runtime.py).
+        self._ip_base = f"127.{secrets.randbelow(127) + 1}"
+        self.runtimes = runtimes
 
     def start(self) -> None:
         self.store.listeners.append(lambda kind, plural, obj: self._queue.put_nowait(
@@ -106,6 +112,8 @@ class FakeCluster:
         if self._loop is not None:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._loop
+        if self.runtimes is not None:
+            await self.runtimes.stop_all()
         for sandbox in list(self.sandboxes.values()):
             with contextlib.suppress(RollboxError, OSError):
                 await sandbox.close()
@@ -135,6 +143,8 @@ class FakeCluster:
             elif kind == "DELETED":
                 self.networks.pop((ns, name), None)
                 sandbox = self.sandboxes.pop((ns, name), None)
+                if self.runtimes is not None:
+                    self._spawn(self.runtimes.stop((ns, name)))
                 if sandbox is not None:
                     self._spawn(sandbox.close())
             self._sync_sandbox(ns, name)
@@ -335,7 +345,12 @@ class FakeCluster:
         self.sandboxes[(ns, name)] = sandbox
         self.pods_started += 1
         self._ips += 1
-        ip = f"10.{(self._ips >> 16) & 255}.{(self._ips >> 8) & 255}.{self._ips & 255}"
+        ip = f"{self._ip_base}.{(self._ips >> 8) & 255}.{self._ips & 255}"
+        if self.runtimes is not None:
+            ip = await self.runtimes.start((ns, name), sandbox, env)
+            if self.store.get("pods", ns, name) is None:
+                await self.runtimes.stop((ns, name))
+                return
         self.store.patch("pods", ns, name, {"status": {
             "phase": "Running", "podIP": ip, "podIPs": [{"ip": ip}],
             "conditions": [_cond("PodScheduled", True, ""), _cond("Ready", True, "")],

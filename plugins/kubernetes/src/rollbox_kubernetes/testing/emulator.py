@@ -28,6 +28,7 @@ from rollbox.sandbox import Process, Sandbox
 
 from rollbox_kubernetes.podexec import CLOSE, STDIN, V4, V5
 from rollbox_kubernetes.testing.controller import FakeCluster
+from rollbox_kubernetes.testing.runtime import Runtimes
 from rollbox_kubernetes.testing.store import Conflict, Obj, Store
 
 KNOWN = {
@@ -90,9 +91,18 @@ class ApiServerEmulator:
         history: int = 100_000,
         node_labels: dict[str, str] | None = None,
         exec_protocols: Iterable[str] = (V5, V4),
+        http_runtime: bool = False,
+        runtime_port: int = 8888,
+        runtime_base_dir: str | None = None,
+        runtime_exec_timeout_s: float = 300.0,
     ) -> None:
         self.store = Store(history)
-        self.cluster = FakeCluster(self.store, backing, node_labels=node_labels or {})
+        # http_runtime: every pod also serves agent-sandbox's HTTP runtime (testing/
+        # runtime.py) on its own loopback address, which becomes its pod IP.
+        runtimes = (Runtimes(runtime_port, runtime_base_dir, runtime_exec_timeout_s)
+                    if http_runtime else None)
+        self.cluster = FakeCluster(self.store, backing, node_labels=node_labels or {},
+                                   runtimes=runtimes)
         self.namespaces = set(namespaces)
         self.crds = crds
         self.exec_protocols = tuple(exec_protocols)
