@@ -257,6 +257,39 @@ async def test_reset_removes_the_old_layer_in_the_background(backend: LocalBacke
     assert await backend.leftovers() == []
 
 
+async def test_reset_retires_the_old_generation_off_the_next_commands_path(
+        backend: LocalBackend) -> None:
+    """Without network the old generation is killed a moment after reset returns (its
+    kernel teardown must not land on the next command); with host network at once; a
+    close kills a retiring generation at once too."""
+    sandbox = await backend.create(HOST)
+    await sandbox.exec("sleep 60 & true")
+    old = sandbox._live()
+    await eventually(lambda: sandbox._standby is not None and sandbox._standby.done(),
+                     "the standby generation is ready")
+    await sandbox.reset()  # a swap: no wait, so the old generation is still retiring
+    assert old.alive and old in sandbox._retiring
+    assert (await sandbox.exec("pgrep sleep")).exit_code == 1  # not visible from the fresh one
+    await eventually(lambda: not old.alive, "the old generation is killed", within=2.0)
+    assert not sandbox._retiring
+    await sandbox.exec("true")
+    retiring = sandbox._live()
+    await sandbox.reset()
+    await sandbox.close()
+    assert not sandbox._retiring
+    await eventually(lambda: not retiring.alive, "close kills the retiring generation")
+    assert await backend.leftovers() == []
+
+    networked = await backend.create(HOST.replace(network=Network.HOST))
+    await networked.exec("true")
+    first = networked._live()
+    await networked.reset()
+    await asyncio.sleep(0.001)  # the kill is scheduled for the loop's next turn
+    assert first not in networked._retiring
+    await eventually(lambda: not first.alive, "the old generation is killed")
+    await networked.close()
+
+
 async def test_close_while_a_standby_boots_leaves_nothing(backend: LocalBackend) -> None:
     sandbox = await backend.create(HOST)
     await sandbox.exec("true")  # an exec schedules the boot of the next generation

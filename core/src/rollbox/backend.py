@@ -6,8 +6,10 @@ retries, metrics) lives in core and works the same on every backend.
 
 from __future__ import annotations
 
+import contextlib
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextvars import ContextVar
 from dataclasses import dataclass
 from types import TracebackType
 from typing import ClassVar
@@ -15,6 +17,25 @@ from typing import ClassVar
 from rollbox.errors import CapabilityNotSupportedError
 from rollbox.sandbox import Capabilities, Sandbox, Snapshot
 from rollbox.spec import SandboxSpec
+
+_AHEAD_OF_NEED: ContextVar[bool] = ContextVar("rollbox_ahead_of_need", default=False)
+
+
+def ahead_of_need() -> bool:
+    """True while the caller creates a sandbox nobody waits for yet (a pool's filler
+    warming one up). A backend may then run the work at a lower CPU priority, so that
+    commands running now keep the machine."""
+    return _AHEAD_OF_NEED.get()
+
+
+@contextlib.contextmanager
+def creating_ahead_of_need() -> Iterator[None]:
+    """Mark the creates awaited inside (and tasks started from them) as ahead of need."""
+    token = _AHEAD_OF_NEED.set(True)
+    try:
+        yield
+    finally:
+        _AHEAD_OF_NEED.reset(token)
 
 
 @dataclass(frozen=True)

@@ -32,7 +32,7 @@ from enum import Enum
 from pathlib import Path
 from typing import ClassVar
 
-from rollbox.backend import Backend
+from rollbox.backend import Backend, creating_ahead_of_need
 from rollbox.errors import (
     SANDBOX_SOUND_AFTER,
     AcquireTimeoutError,
@@ -449,7 +449,8 @@ class Pool:
                 return
             state.filling += 1
             try:
-                sandbox = await self._create(spec)
+                with creating_ahead_of_need():  # nobody waits: backends may run it niced
+                    sandbox = await self._create(spec)
             except (SandboxError, PoolClosedError):
                 state.filling -= 1
                 await self._notify_room()

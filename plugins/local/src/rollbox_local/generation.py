@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 STANDBY_NICE = BACKGROUND_NICE
 
 
-@dataclass
+@dataclass(eq=False)  # a live resource: compared and hashed by identity
 class Generation:
     instance: Instance
     upper: Path
@@ -96,7 +96,8 @@ async def boot_generation(sandbox: LocalSandbox, number: int, *, agent: bool = F
     ``agent``: start the agent now (a sandbox in use: its next generation will be used
     too). A new sandbox gets its agent with its first command (or ``prepare()``), so
     that idle reserves stay small. ``background``: nobody waits for this boot (a
-    standby), so its bwrap runs niced and commands running now keep the CPU."""
+    standby, or a sandbox a pool warms ahead of need), so its bwrap runs niced and
+    commands running now keep the CPU."""
     backend = sandbox.backend
     upper, work = sandbox.directory / f"upper{number}", sandbox.directory / f"work{number}"
     for path in (upper, work):

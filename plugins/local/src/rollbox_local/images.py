@@ -41,6 +41,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
+from rollbox.backend import ahead_of_need
 from rollbox.errors import (
     ImageCorruptError,
     ImageError,
@@ -227,7 +228,7 @@ class ImageStore:
         if hint_error is not None and not hint_error.retryable:
             raise hint_error
         for _attempt in range(_MAX_PIN_ATTEMPTS):
-            entry = await self._ensure(ref)
+            entry = await self._ensure(ref, background=ahead_of_need())
             # Between the hydration finishing and this coroutine resuming, another one
             # may have evicted it; then hydrate again.
             if entry.digest in self._entries:
