@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import io
 import shutil
 import subprocess
@@ -71,20 +72,33 @@ async def emulator(local_state: Path) -> AsyncIterator[ApiServerEmulator]:
         yield emu
 
 
-@pytest.fixture
-async def make_backend(emulator: ApiServerEmulator) -> AsyncIterator[BackendFactory]:
+@contextlib.asynccontextmanager
+async def _backends_on(url: str, **defaults: object) -> AsyncIterator[BackendFactory]:
+    """A factory of backends talking to ``url`` (``defaults`` under each call's
+    options), every one of them closed at the end."""
     made: list[KubernetesBackend] = []
 
     def make(**options: object) -> KubernetesBackend:
-        options.setdefault("run_id", "test")
-        options.setdefault("scale_delay_s", 0.05)
-        backend = KubernetesBackend(host=emulator.url, **options)  # type: ignore[arg-type]
+        backend = KubernetesBackend(host=url, **{**defaults, **options})  # type: ignore[arg-type]
         made.append(backend)
         return backend
 
-    yield make
-    for backend in made:
-        await backend.aclose()
+    try:
+        yield make
+    finally:
+        for backend in made:
+            await backend.aclose()
+
+
+@pytest.fixture
+def backends_on() -> Callable[..., contextlib.AbstractAsyncContextManager[BackendFactory]]:
+    return _backends_on
+
+
+@pytest.fixture
+async def make_backend(emulator: ApiServerEmulator) -> AsyncIterator[BackendFactory]:
+    async with _backends_on(emulator.url, run_id="test", scale_delay_s=0.05) as make:
+        yield make
 
 
 @pytest.fixture

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 from rollbox.errors import (
@@ -36,19 +37,10 @@ async def served(local_state: Path) -> AsyncIterator[ApiServerEmulator]:
 
 
 @pytest.fixture
-async def make_http(served: ApiServerEmulator) -> AsyncIterator[BackendFactory]:
-    made: list[KubernetesBackend] = []
-
-    def make(**options: object) -> KubernetesBackend:
-        options.setdefault("run_id", "http")
-        options.setdefault("warm_replicas", 0)
-        backend = KubernetesBackend(host=served.url, **options)  # type: ignore[arg-type]
-        made.append(backend)
-        return backend
-
-    yield make
-    for backend in made:
-        await backend.aclose()
+async def make_http(served: ApiServerEmulator, backends_on: Any
+                    ) -> AsyncIterator[BackendFactory]:
+    async with backends_on(served.url, run_id="http", warm_replicas=0) as make:
+        yield make
 
 
 def execs(backend: KubernetesBackend) -> int:

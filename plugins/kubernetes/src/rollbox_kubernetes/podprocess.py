@@ -102,12 +102,7 @@ async def start_process(sandbox: KubeSandbox, request: ExecRequest, argv: list[s
         raise SandboxLostError(f"exec in pod {sandbox.pod} did not open within "
                                f"{_HANDSHAKE_S:g}s", sandbox_id=sandbox.id) from None
     except ApiError as err:
-        if err.status == 404:
-            sandbox.lost = True
-            raise SandboxLostError(f"pod {sandbox.pod} of sandbox {sandbox.id} is gone",
-                                   sandbox_id=sandbox.id) from None
-        raise SandboxLostError(f"exec in pod {sandbox.pod} failed: {err}",
-                               sandbox_id=sandbox.id) from None
+        raise sandbox.lost_by(err) from None
     process = PodProcess(sandbox, request, marker, ws)
     if request.stdin:
         await process.write_stdin(request.stdin)

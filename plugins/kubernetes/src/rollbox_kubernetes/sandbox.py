@@ -167,12 +167,15 @@ class KubeSandbox(Sandbox):
                     self.pod, argv, container=CONTAINER, stdin=stdin, output_limit=limit,
                 )
         except ApiError as err:
-            if err.status == 404:
-                self.lost = True
-                raise SandboxLostError(f"pod {self.pod} of sandbox {self.id} is gone",
-                                       sandbox_id=self.id) from None
-            raise SandboxLostError(f"exec in pod {self.pod} failed: {err}",
-                                   sandbox_id=self.id) from None
+            raise self.lost_by(err) from None
+
+    def lost_by(self, err: ApiError) -> SandboxLostError:
+        """The error for an exec the API server refused (a 404: the pod is gone)."""
+        if err.status == 404:
+            self.lost = True
+            return SandboxLostError(f"pod {self.pod} of sandbox {self.id} is gone",
+                                    sandbox_id=self.id)
+        return SandboxLostError(f"exec in pod {self.pod} failed: {err}", sandbox_id=self.id)
 
     async def run(self, request: ExecRequest) -> ExecResult:
         loop = asyncio.get_running_loop()
