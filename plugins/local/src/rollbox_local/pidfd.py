@@ -18,7 +18,7 @@ class ProcessHandle:
         loop.add_reader(self._fd, self._on_exit)
 
     def _on_exit(self) -> None:
-        asyncio.get_running_loop().remove_reader(self._fd)
+        self.release()  # nothing more to do with it, whether or not anyone calls kill()
         if not self.exited.done():
             self.exited.set_result(None)
 
