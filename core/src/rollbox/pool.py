@@ -187,11 +187,10 @@ class Pool:
         """
         loop = asyncio.get_running_loop()
         requested = loop.time()
-        state = self._state(spec)
-        if not self._closed and self.policy.warm_target(spec) != state.reported:
+        if not self._closed:
             # Before the first create of a spec: a backend that takes its warming over
             # serves this very acquire from its own warm capacity.
-            self._tell_backend(spec, state, self.policy.warm_target(spec))
+            self._report_target(spec, self._state(spec))
         try:
             async with asyncio.timeout(timeout):
                 sandbox = await self._obtain(spec)
@@ -414,6 +413,12 @@ class Pool:
             have += state.leased
         return have < self.policy.warm_target(spec)
 
+    def _report_target(self, spec: SandboxSpec, state: _SpecState) -> None:
+        """Tell the backend the policy's warm target of ``spec`` if it changed."""
+        target = self.policy.warm_target(spec)
+        if target != state.reported:
+            self._tell_backend(spec, state, target)
+
     def _tell_backend(self, spec: SandboxSpec, state: _SpecState, target: int) -> None:
         """Report a changed warm target; the backend's answer says who warms ``spec``."""
         state.reported = target
@@ -433,9 +438,7 @@ class Pool:
         state = self._state(spec)
         if self._closed:
             return
-        target = self.policy.warm_target(spec)
-        if target != state.reported:
-            self._tell_backend(spec, state, target)
+        self._report_target(spec, state)
         if state.delegated or (state.filler is not None and not state.filler.done()):
             return
         if self._short_of_target(spec, state):

@@ -12,7 +12,7 @@ import pickle
 import signal
 import sys
 from collections.abc import Callable
-from typing import Any, BinaryIO
+from typing import IO, Any, BinaryIO
 
 
 def _ops() -> dict[str, Callable[..., Any]]:
@@ -21,15 +21,16 @@ def _ops() -> dict[str, Callable[..., Any]]:
     return {"unpack": oci.unpack, "remove_tree": layers.remove_tree}
 
 
-def _read(stream: BinaryIO, size: int) -> bytes | None:
+def read_exact(stream: BinaryIO | IO[bytes], size: int) -> bytes | None:
+    """``size`` bytes, or None at end of file (a buffered read returns short only there)."""
     data = stream.read(size)
     return data if len(data) == size else None
 
 
 def serve(requests: BinaryIO, replies: BinaryIO) -> None:
     ops = _ops()
-    while (header := _read(requests, 8)) is not None:
-        body = _read(requests, int.from_bytes(header, "big"))
+    while (header := read_exact(requests, 8)) is not None:
+        body = read_exact(requests, int.from_bytes(header, "big"))
         if body is None:
             return
         op, args, kwargs = pickle.loads(body)

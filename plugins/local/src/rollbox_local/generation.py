@@ -22,9 +22,6 @@ if TYPE_CHECKING:
     from rollbox_local.sandbox import LocalSandbox
 
 
-STANDBY_NICE = BACKGROUND_NICE
-
-
 @dataclass(eq=False)  # a live resource: compared and hashed by identity
 class Generation:
     instance: Instance
@@ -121,7 +118,7 @@ async def boot_generation(sandbox: LocalSandbox, number: int, *, agent: bool = F
         timeout=sandbox.spec.timeouts.create_s,
         sandbox_id=sandbox.id,
         log_path=str(sandbox.directory / f"bwrap{number}.log"),
-        nice=STANDBY_NICE if background else 0,
+        nice=BACKGROUND_NICE if background else 0,
     )
     generation = Generation(instance, upper, work)
     if agent:

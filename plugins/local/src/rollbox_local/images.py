@@ -637,14 +637,10 @@ class ImageStore:
         the source. Hints take this shortcut: the runner re-sends its window on every
         dispatch, and re-checking every source in a thread each time costs the event loop
         more than it could save. ``pin`` always checks the source."""
-        key = ref
-        if not (ref in self._refs and _is_name(ref)):
-            split = oci.split_path_ref(ref)
-            if split is not None:
-                key = oci.path_key(*split)
-        rec = self._refs.get(key)
-        digest = rec.get("digest") if rec is not None else None
-        return self._entries.get(digest) if isinstance(digest, str) else None
+        try:
+            return self._entries.get(self._stored_digest(ref))
+        except ImageNotFoundError:
+            return None
 
     # --- bookkeeping ----------------------------------------------------------------------
 

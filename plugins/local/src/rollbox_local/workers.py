@@ -22,9 +22,11 @@ import subprocess
 import sys
 import threading
 from collections.abc import Hashable
-from typing import IO, Any
+from typing import Any
 
 from rollbox.errors import CreateFailedError
+
+from rollbox_local._worker import read_exact
 
 BACKGROUND_NICE = 10
 """Niceness of work nobody waits on: standby generations, prefetching, deletions."""
@@ -33,17 +35,6 @@ BACKGROUND_NICE = 10
 class WorkerDiedError(CreateFailedError):
     """A helper process died mid-call (OOM killer, a signal). Retryable: the pool starts
     a fresh process for the next call."""
-
-
-def _read_exact(stream: IO[bytes], size: int) -> bytes | None:
-    chunks = []
-    while size:
-        chunk = stream.read(size)
-        if not chunk:
-            return None
-        chunks.append(chunk)
-        size -= len(chunk)
-    return b"".join(chunks)
 
 
 class _Worker:
@@ -62,8 +53,8 @@ class _Worker:
         try:
             self.proc.stdin.write(len(data).to_bytes(8, "big") + data)
             self.proc.stdin.flush()
-            header = _read_exact(self.proc.stdout, 8)
-            body = None if header is None else _read_exact(
+            header = read_exact(self.proc.stdout, 8)
+            body = None if header is None else read_exact(
                 self.proc.stdout, int.from_bytes(header, "big"))
         except OSError:
             body = None
@@ -154,11 +145,15 @@ class WorkerPool:
                 self._cond.wait()
         try:
             return _Worker(self.nice, era)
-        except BaseException:
+        except BaseException as exc:
             with self._cond:
                 if era == self._era:
                     self._started -= 1
                 self._cond.notify()
+            if isinstance(exc, OSError):  # out of processes or file descriptors, say
+                raise CreateFailedError(
+                    f"cannot start a helper process ({exc}); retry when the machine has "
+                    "room") from exc
             raise
 
     def _give_back(self, worker: _Worker, died: bool) -> None:
