@@ -4,6 +4,8 @@ Layout under ``root``::
 
     index.json           refs → digest (names from ``import``, and paths already seen)
     images/<hex>/        one hydrated image: rootfs/ and meta.json (its mtime = last use)
+
+(``images_index``: both are saved off the event loop, a moment after they change)
     tmp/<pid>-<token>/   an image being unpacked; renamed into images/ only when complete
     trash/               evicted images on their way out
 
@@ -51,8 +53,9 @@ from rollbox.errors import (
 )
 
 from rollbox_local import oci
+from rollbox_local.images_index import ImagesIndex
 from rollbox_local.layers import remove_tree
-from rollbox_local.paths import default_home, sandbox_ids
+from rollbox_local.paths import default_home, process_alive, sandbox_ids
 from rollbox_local.workers import BACKGROUND_NICE, WorkerPool
 
 log = logging.getLogger(__name__)
@@ -191,14 +194,15 @@ class ImageStore:
         self._images = self.root / "images"
         self._tmp = self.root / "tmp"
         self._trash = self.root / "trash"
-        self._index_path = self.root / "index.json"
         for d in (self._images, self._tmp, self._trash):
             d.mkdir(parents=True, exist_ok=True)
         self._entries: dict[str, _Entry] = {}
-        self._refs: dict[str, dict[str, Any]] = self._read_index()
+        self._index = ImagesIndex(self.root / "index.json", self._images)
+        self._refs = self._index.refs
         self._pins: Counter[str] = Counter()
         self._reserved: dict[str, int] = {}
-        self._inflight: dict[str, asyncio.Task[_Entry]] = {}
+        self._inflight: dict[str, asyncio.Task[_Entry]] = {}  # by plan key
+        self._inflight_refs: dict[str, asyncio.Task[_Entry]] = {}  # by the ref that started it
         self._hinted: list[str] = []  # digests of the latest hint, soonest first
         self._hint_task: asyncio.Task[None] | None = None
         self._hint_errors: dict[str, ImageError] = {}
@@ -305,9 +309,10 @@ class ImageStore:
             )
         gone = [r for r, rec in self._refs.items() if rec.get("digest") == digest]
         if gone:
-            self._write_refs(dict.fromkeys(gone))
+            self._index.update(dict.fromkeys(gone))
         if digest in self._entries:
             remove_tree(self._evict(digest, count=False))
+        self._index.save()  # a blocking call anyway: on disk before it returns
 
     def import_path(self, path: Path | str, name: str | None = None) -> Image:
         """Unpack the image at ``path`` now (blocking) and register it under ``name``.
@@ -345,6 +350,7 @@ class ImageStore:
             finally:
                 self._reserved.pop(plan.key, None)
         self._touch(entry)
+        self._index.save()  # a blocking call anyway: on disk before it returns
         return self._image(name or ref, entry)
 
     async def wait_idle(self) -> None:
@@ -360,6 +366,10 @@ class ImageStore:
         pending = list(self._background)
         if pending:
             await asyncio.gather(*pending, return_exceptions=True)
+        try:
+            await self._index.flush()
+        except OSError as exc:  # a cache for later runs: losing it costs a re-probe
+            log.warning("could not save the image index %s: %s", self._index.path, exc)
         self._unpackers.shutdown()
         if self._owns_chores:
             self.chores.shutdown()
@@ -441,6 +451,9 @@ class ImageStore:
 
         ``background``: nobody waits for it yet (a hint), so unpack it in the niced
         helper; a caller that then needs it boosts that helper back to normal priority."""
+        task = self._inflight_refs.get(ref)
+        if task is not None:  # the same ref on its way: skip looking at its source again
+            return await self._join(task, background)
         plan = self._recheck(await asyncio.to_thread(self._plan, ref, probe=True))
         if plan.digest is not None and plan.digest in self._entries:
             entry = self._entries[plan.digest]
@@ -452,16 +465,26 @@ class ImageStore:
         if task is None:
             task = asyncio.get_running_loop().create_task(self._hydrate(plan, spare, background))
             self._inflight[plan.key] = task
-            task.add_done_callback(functools.partial(self._forget_inflight, plan.key))
+            task.add_done_callback(functools.partial(self._forget_inflight, plan.key, ref))
             self._keep(task)
+            self._inflight_refs[ref] = task
         elif not background:
             self.chores.boost(plan.key)
         entry = await asyncio.shield(task)
         self._record(plan, entry)
         return entry
 
-    def _forget_inflight(self, key: str, _task: asyncio.Task[_Entry]) -> None:
+    async def _join(self, task: asyncio.Task[_Entry], background: bool) -> _Entry:
+        if not background:
+            key = next((k for k, t in self._inflight.items() if t is task), None)
+            if key is not None:
+                self.chores.boost(key)
+        return await asyncio.shield(task)
+
+    def _forget_inflight(self, key: str, ref: str, task: asyncio.Task[_Entry]) -> None:
         self._inflight.pop(key, None)
+        if self._inflight_refs.get(ref) is task:
+            del self._inflight_refs[ref]
 
     def _recheck(self, plan: _Plan) -> _Plan:
         """After the thread hop: a concurrent hydration may have learnt this source's digest."""
@@ -655,9 +678,7 @@ class ImageStore:
 
     def _touch(self, entry: _Entry) -> None:
         entry.last_used = time.time()
-        with contextlib.suppress(OSError):
-            meta = self._images / entry.digest.removeprefix("sha256:") / "meta.json"
-            os.utime(meta, (entry.last_used, entry.last_used))
+        self._index.used(entry.digest, entry.last_used)
 
     def _record(self, plan: _Plan, entry: _Entry) -> None:
         """Remember which refs lead to ``entry`` (persisted only when something changed)."""
@@ -671,35 +692,7 @@ class ImageStore:
             if self._refs.get(name) != name_rec:
                 changes[name] = name_rec
         if changes:
-            self._write_refs(changes)
-
-    def _read_index(self) -> dict[str, dict[str, Any]]:
-        try:
-            data = json.loads(self._index_path.read_text())
-        except FileNotFoundError:
-            return {}
-        except (OSError, ValueError) as exc:
-            log.warning("image index %s unreadable (%s); starting a new one", self._index_path,
-                        exc)
-            return {}
-        refs = data.get("refs") if isinstance(data, dict) else None
-        return {str(k): v for k, v in (refs or {}).items() if isinstance(v, dict)}
-
-    def _write_refs(self, changes: Mapping[str, dict[str, Any] | None]) -> None:
-        """Merge ``changes`` (None deletes) into the index on disk, atomically."""
-        refs = self._read_index()  # another process may have written since we read
-        for key, rec in changes.items():
-            if rec is None:
-                refs.pop(key, None)
-            else:
-                refs[key] = rec
-        tmp = self._index_path.with_name(f".index.{os.getpid()}.{secrets.token_hex(4)}")
-        with open(tmp, "w") as f:
-            json.dump({"version": 1, "refs": refs}, f, indent=1, sort_keys=True)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, self._index_path)
-        self._refs = refs
+            self._index.update(changes)
 
     def _load_entry(self, directory: Path) -> _Entry | None:
         try:
@@ -721,7 +714,7 @@ class ImageStore:
     def _clean_leftovers(self) -> None:
         for item in self._tmp.iterdir():
             pid = item.name.split("-", 1)[0]
-            if pid.isdigit() and _alive(int(pid)):
+            if pid.isdigit() and process_alive(int(pid)):
                 continue
             with contextlib.suppress(OSError):
                 remove_tree(item)
@@ -736,14 +729,3 @@ def _source_changed(name: str, source: str) -> ImageNotFoundError:
         f"different image; import it again (rollbox images import PATH --name {name})"
     )
 
-
-def _alive(pid: int) -> bool:
-    if pid == os.getpid():
-        return True
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
