@@ -292,15 +292,16 @@ def _mnt_ns(pid: int | str) -> str | None:
         return None
 
 
-def sandbox_processes(state_dir: Path) -> dict[int, str]:
-    """Processes of the sandboxes under ``state_dir``: its bwrap processes, and every
-    process inside one of their mount namespaces (the agents). pid -> kind."""
-    marker, own_ns = str(state_dir / "sandboxes").encode(), _mnt_ns("self")
+def sandbox_processes(roots: list[Path]) -> dict[int, str]:
+    """Processes of the sandboxes whose directories are under ``roots`` (a backend's
+    ``scratch.roots``): their bwrap processes, and every process inside one of their
+    mount namespaces (the agents). pid -> kind."""
+    markers, own_ns = [str(root).encode() for root in roots], _mnt_ns("self")
     procs = [e.name for e in Path("/proc").iterdir() if e.name.isdigit()]
     found: dict[int, str] = {}
     for pid in procs:
         cmdline = _read(f"/proc/{pid}/cmdline") or b""
-        if b"bwrap" in cmdline.split(b"\0", 1)[0] and marker in cmdline:
+        if b"bwrap" in cmdline.split(b"\0", 1)[0] and any(m in cmdline for m in markers):
             found[int(pid)] = "bwrap"
     namespaces = {_mnt_ns(p) for p in found} - {None, own_ns}
     for pid in procs:
@@ -343,7 +344,7 @@ async def bench_idle_once(spec: SandboxSpec, cfg: Config, *, prepare: bool) -> d
             report["create_all_s"] = time.perf_counter() - started
             await asyncio.sleep(2)
             after, kernel_after = used_bytes(), meminfo()
-            procs = sandbox_processes(state)
+            procs = sandbox_processes(backend.scratch.roots)
             pss = {pid: pss_bytes(pid) for pid in procs}
             agents = {pid: _mnt_ns(pid) for pid, kind in procs.items() if kind == "agent"}
             report.update(
@@ -364,7 +365,7 @@ async def bench_idle_once(spec: SandboxSpec, cfg: Config, *, prepare: bool) -> d
             *await backend.leftovers(),
             *(f"agent {p} still runs" for p in survivors),
             *([f"{mounts} mounts under {state}"] if mounts else []),
-            *(f"process {p} still runs" for p in sandbox_processes(state)),
+            *(f"process {p} still runs" for p in sandbox_processes(backend.scratch.roots)),
         ]
     finally:
         await backend.aclose()

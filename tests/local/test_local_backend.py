@@ -252,9 +252,9 @@ async def test_reset_removes_the_old_layer_in_the_background(backend: LocalBacke
                      "the old generation's layer is deleted")
     assert (await sandbox.exec("ls /tmp")).text == ""
     directory = sandbox.directory
-    await sandbox.close()
+    await sandbox.close()  # its directory goes in the background too
+    assert await backend.leftovers() == []  # which waits for background deletions
     assert not directory.exists()
-    assert await backend.leftovers() == []
 
 
 async def test_reset_retires_the_old_generation_off_the_next_commands_path(

@@ -128,6 +128,21 @@ class SandboxSpec:
                 raise InvalidSpecError(f"SandboxSpec.env has an invalid variable name {key!r}")
         _positive("output_limit_bytes", self.output_limit_bytes)
 
+    def __hash__(self) -> int:
+        # Specs key every pool and plan lookup; the generated hash would walk all nested
+        # fields each time. Cached per object, and never pickled (str hashes differ
+        # between processes).
+        cached: int | None = self.__dict__.get("_hash")
+        if cached is None:
+            cached = hash(tuple(getattr(self, name) for name in self.__dataclass_fields__))
+            object.__setattr__(self, "_hash", cached)
+        return cached
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state.pop("_hash", None)
+        return state
+
     def replace(self, **changes: Any) -> SandboxSpec:
         """A copy with some fields changed (validated like a new spec)."""
         fields = {name: getattr(self, name) for name in self.__dataclass_fields__}

@@ -54,6 +54,7 @@ import signal
 import socket
 import struct
 import sys
+import time
 from typing import Any
 
 NS_GET_USERNS = 0xB701
@@ -72,6 +73,7 @@ libc = ctypes.CDLL(None, use_errno=True)
 _setns, _unshare, _prctl, _capset, _mount = (
     libc.setns, libc.unshare, libc.prctl, libc.capset, libc.mount)
 CAP_LAST = int(open("/proc/sys/kernel/cap_last_cap").read())
+CLK_TCK = os.sysconf("SC_CLK_TCK")
 DEFAULT_SIGNALS = [s for s in signal.valid_signals() if s not in (signal.SIGKILL, signal.SIGSTOP)]
 
 
@@ -138,10 +140,11 @@ def zygote(sock: socket.socket) -> None:
 def _spawn_bwrap(req: dict[str, Any], fds: list[int]) -> None:
     """Exec bubblewrap as the sandbox user with its pipes at fixed numbers.
 
-    fds: block pipe, info pipe, log file → 3, 4, 2 (the argv names 3 and 4)."""
+    fds: block pipe, info pipe → 3, 4 (the argv names them); stderr goes to the log file
+    at req["log"]. The directories in req["mkdirs"] are made first, as that user."""
     try:
-        block, info, log = fds
-        for src, dest in ((block, 3), (info, 4), (log, 2)):
+        block, info = fds
+        for src, dest in ((block, 3), (info, 4)):
             os.dup2(src, dest)
         null = os.open("/dev/null", os.O_RDWR)
         os.dup2(null, 0)
@@ -154,10 +157,15 @@ def _spawn_bwrap(req: dict[str, Any], fds: list[int]) -> None:
             os.setresgid(gid, gid, gid)
         if uid is not None:
             os.setresuid(uid, uid, uid)
+        log = os.open(req["log"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        os.dup2(log, 2)
+        os.close(log)
+        for path in req.get("mkdirs", ()):
+            os.mkdir(path, 0o755)
         os.execv(req["argv"][0], req["argv"])
     except BaseException as exc:
         try:
-            os.write(2, f"rollbox zygote: cannot exec bwrap: {exc}\n".encode())
+            os.write(2, f"rollbox zygote: cannot start bwrap: {exc}\n".encode())
         except OSError:
             pass
     os._exit(127)
@@ -367,6 +375,9 @@ class Agent:
 
     def spawn(self, req: dict[str, Any], fds: list[int]) -> None:
         stdio, status = fds[:3], fds[3]
+        # Not read from /proc/<pid>/stat after the spawn: that read waits until the
+        # command's exec is done, and a slow exec would hold up this whole agent.
+        started = _ticks_now()
         for fd in fds:
             os.set_inheritable(fd, False)
         try:
@@ -380,7 +391,7 @@ class Agent:
             os.close(status)
             return
         _write(status, f"S {pid}")
-        cmd = Command(pid, status, _start_time(pid))
+        cmd = Command(pid, status, started)
         self.commands[req["id"]] = cmd
         self.by_pid[pid] = req["id"]
         self.reap()
@@ -484,9 +495,10 @@ def _stat(pid: int) -> tuple[int, int, int] | None:
     return int(rest[1]), int(rest[3]), int(rest[19])
 
 
-def _start_time(pid: int) -> int:
-    fields = _stat(pid)
-    return fields[2] if fields else 0
+def _ticks_now() -> int:
+    """Now, in the unit and from the origin of /proc/<pid>/stat's start time (clock ticks
+    since boot): a process spawned after this call has a start time >= it."""
+    return int(time.clock_gettime(time.CLOCK_BOOTTIME) * CLK_TCK)
 
 
 if __name__ == "__main__":

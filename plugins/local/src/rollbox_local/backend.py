@@ -3,7 +3,8 @@
 State directory layout (``$ROLLBOX_HOME``, see ``paths.py``)::
 
     images/          the image store (images.py)
-    sandboxes/<id>/  upperN/ workN/ (the writable layer of generation N), bwrap.log
+    sandboxes/<id>/  upperN/ workN/ (the writable layer of generation N), bwrapN.log, when
+                     scratch is on disk; in memory they are under /dev/shm (scratch.py)
     snapshots/<id>/  frozen copies of writable layers, lower layers for forks
     trash/           layers dropped by reset, deleted in the background
     etc/             passwd, group, hosts, hostname shown inside every sandbox
@@ -18,8 +19,9 @@ import resource
 import secrets
 import shutil
 import uuid
+from collections.abc import Coroutine
 from pathlib import Path
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from rollbox.backend import Backend, Diagnostic
 from rollbox.errors import BackendUnavailableError, CreateFailedError, ImageError, SandboxError
@@ -32,6 +34,7 @@ from rollbox_local.images import Image, ImageStore, _capacity_from_env
 from rollbox_local.layers import copy_layer, remove_tree
 from rollbox_local.paths import default_home, sandbox_ids, unreachable_by
 from rollbox_local.sandbox import LocalSandbox
+from rollbox_local.scratch import Scratch
 from rollbox_local.workers import BACKGROUND_NICE, WorkerPool
 from rollbox_local.zygote import Zygote
 
@@ -57,11 +60,16 @@ class LocalBackend(Backend):
         state_dir: str | Path | None = None,
         image_capacity_bytes: int | None = None,
         images: ImageStore | None = None,
+        scratch: str | Path | None = None,
     ) -> None:
+        """``scratch``: where sandboxes' writable layers go, ``auto`` (memory if possible),
+        ``memory``, ``disk`` or a path; default ``$ROLLBOX_SCRATCH`` or auto (see
+        ``rollbox_local.scratch``)."""
         self.state_dir = Path(state_dir) if state_dir is not None else default_home()
         self.ids = sandbox_ids()
-        for sub in ("sandboxes", "snapshots", "trash", "empty"):
+        for sub in ("snapshots", "trash", "empty"):
             (self.state_dir / sub).mkdir(parents=True, exist_ok=True)
+        self.scratch = Scratch.choose(scratch, self.state_dir)
         self.etc_dir = self.state_dir / "etc"
         write_etc(self.etc_dir)
         if self.ids is not None:
@@ -149,15 +157,14 @@ class LocalBackend(Backend):
     async def _start(self, spec: SandboxSpec, image: Image,
                      lowers: tuple[Path, ...]) -> LocalSandbox:
         sandbox_id = f"lbx-{uuid.uuid4().hex[:12]}"
-        directory = self.state_dir / "sandboxes" / sandbox_id
-        directory.mkdir(mode=0o755)
-        if self.ids is not None:
-            os.chown(directory, *self.ids)
+        # In a thread: a deletion elsewhere in the parent can hold its lock (an rmdir
+        # keeps it while a discard-mounted disk trims), and the loop must not wait.
+        directory = await asyncio.to_thread(self._make_directory, sandbox_id)
         sandbox = LocalSandbox(self, sandbox_id, spec, image, directory, lowers)
         try:
             await sandbox.boot()
         except BaseException as exc:
-            remove_tree(directory)
+            self.remove_later(directory)
             if isinstance(exc, SandboxError | BackendUnavailableError):
                 raise
             if isinstance(exc, OSError):
@@ -202,15 +209,32 @@ class LocalBackend(Backend):
         if self._sandboxes.pop(sandbox.id, None) is not None:
             self.images.unpin(sandbox.image)
 
+    def _make_directory(self, sandbox_id: str) -> Path:
+        directory = self.scratch.place() / sandbox_id
+        directory.mkdir(mode=0o755)
+        if self.ids is not None:
+            os.chown(directory, *self.ids)
+        return directory
+
+    def remove_later(self, *paths: Path) -> None:
+        """Delete ``paths`` soon, in the niced helper process: deleting contends for the
+        disk (on a discard-mounted disk each freed block waits for a trim, with the parent
+        directory locked), which commands running now should not share. ``leftovers``
+        and ``aclose`` wait for it."""
+        self._in_background(self._remove(paths))
+
+    async def _remove(self, paths: tuple[Path, ...], after: Generation | None = None) -> None:
+        if after is not None:
+            await after.stop()
+        for path in paths:
+            await asyncio.to_thread(self.chores.call, "remove_tree", path)
+
     def discard(self, generation: Generation) -> None:
         """Finish off a killed generation and delete its layer, off the critical path."""
+        self._in_background(self._remove((generation.upper, generation.work), generation))
 
-        async def finish() -> None:
-            await generation.stop()
-            for layer in (generation.upper, generation.work):
-                await asyncio.to_thread(self.chores.call, "remove_tree", layer)
-
-        task = asyncio.ensure_future(finish())
+    def _in_background(self, work: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.ensure_future(work)
         self._background.add(task)
         task.add_done_callback(self._background.discard)
 
@@ -223,11 +247,11 @@ class LocalBackend(Backend):
         if self._background:
             await asyncio.gather(*self._background, return_exceptions=True)
         found = [f"sandbox {sid} is open" for sid in self._sandboxes]
-        found += [f"directory {p}" for p in sorted((self.state_dir / "sandboxes").iterdir())
-                  if p.name not in self._sandboxes]
+        for root in self.scratch.roots:
+            found += [f"directory {p}" for p in sorted(root.iterdir() if root.is_dir() else ())
+                      if p.name not in self._sandboxes]
         found += [f"directory {p}" for p in sorted((self.state_dir / "trash").iterdir())]
-        marker = str(self.state_dir / "sandboxes").encode()
-        for pid in _bwrap_processes(marker):
+        for pid in _bwrap_processes([str(root).encode() for root in self.scratch.roots]):
             found.append(f"process {pid} (bwrap) still runs")
         return found
 
@@ -239,6 +263,7 @@ class LocalBackend(Backend):
         if self._owns_images:
             await self.images.aclose()
         self.chores.shutdown()
+        self.scratch.close()
         self.zygote.close()
         if self._block is not None:
             for fd in self._block:
@@ -250,7 +275,7 @@ class LocalBackend(Backend):
         return doctor_checks.run_checks()
 
 
-def _bwrap_processes(marker: bytes) -> list[int]:
+def _bwrap_processes(markers: list[bytes]) -> list[int]:
     pids = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
@@ -259,7 +284,7 @@ def _bwrap_processes(marker: bytes) -> list[int]:
             cmdline = (entry / "cmdline").read_bytes()
         except OSError:
             continue
-        if b"bwrap" in cmdline.split(b"\0", 1)[0] and marker in cmdline:
+        if b"bwrap" in cmdline.split(b"\0", 1)[0] and any(m in cmdline for m in markers):
             pids.append(int(entry.name))
     return pids
 

@@ -124,10 +124,14 @@ def sandbox_argv(bwrap: Bwrap, layout: Layout, *, block_fd: int, info_fd: int) -
     return argv
 
 
-def _host_mounts(lowers: tuple[Path, ...]) -> list[str]:
+@functools.lru_cache(maxsize=1024)
+def _host_mounts(lowers: tuple[Path, ...]) -> tuple[str, ...]:
     """The host's system directories, read-only. Where the image's layers also have one
     (an image that adds /usr/local/bin/tool), it is a read-only overlay of the image's
-    over the host's, so the image's files show too."""
+    over the host's, so the image's files show too.
+
+    Cached: stored layers never change, and every reset boots a generation of the same
+    layers, so the stat calls are made once per image, not on every boot."""
     args: list[str] = []
     for name in HOST_SYSTEM_DIRS:
         path = f"/{name}"
@@ -143,7 +147,7 @@ def _host_mounts(lowers: tuple[Path, ...]) -> list[str]:
             for layer in reversed(own):
                 args += ["--overlay-src", str(layer)]
             args += ["--ro-overlay", path]
-    return args + list(_host_etc_mounts())
+    return (*args, *_host_etc_mounts())
 
 
 @functools.cache

@@ -14,6 +14,7 @@ from rollbox.errors import RollboxError
 
 from rollbox_local.bwrap import find_bwrap
 from rollbox_local.paths import default_home, sandbox_ids
+from rollbox_local.scratch import SHM, memory_unavailable
 
 
 def _read(path: str) -> str | None:
@@ -72,6 +73,19 @@ def _trial() -> Diagnostic:
     return Diagnostic("trial sandbox", out == "ok", f"ran `echo ok` in a sandbox: {out!r}")
 
 
+def _scratch() -> Diagnostic:
+    setting = os.environ.get("ROLLBOX_SCRATCH", "auto")
+    why_not = memory_unavailable()
+    if setting in ("auto", "memory") and why_not is None:
+        where = f"in memory, under {SHM} (ROLLBOX_SCRATCH={setting})"
+    elif setting in ("auto", "memory"):
+        where = f"on disk: {why_not} (ROLLBOX_SCRATCH={setting})"
+    else:
+        where = f"ROLLBOX_SCRATCH={setting}"
+    return Diagnostic("sandbox layers", setting != "memory" or why_not is None, where,
+                      "set ROLLBOX_SCRATCH=auto or disk", required=False)
+
+
 def run_checks() -> list[Diagnostic]:
     checks = [Diagnostic("platform", sys.platform == "linux", sys.platform,
                          "the local backend needs Linux; use the kubernetes backend elsewhere")]
@@ -89,5 +103,6 @@ def run_checks() -> list[Diagnostic]:
            if ids else f"running as uid {os.geteuid()}: sandboxes run as this user")
     checks.append(Diagnostic("sandbox user", True, who))
     checks.append(Diagnostic("state directory", True, str(default_home()), required=False))
+    checks.append(_scratch())
     checks.append(_trial())
     return checks

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -97,10 +96,6 @@ async def boot_generation(sandbox: LocalSandbox, number: int, *, agent: bool = F
     commands running now keep the CPU."""
     backend = sandbox.backend
     upper, work = sandbox.directory / f"upper{number}", sandbox.directory / f"work{number}"
-    for path in (upper, work):
-        path.mkdir(mode=0o755)
-        if backend.ids is not None:
-            os.chown(path, *backend.ids)
     layout = Layout(
         lowers=sandbox.lowers,
         upper=upper,
@@ -118,6 +113,7 @@ async def boot_generation(sandbox: LocalSandbox, number: int, *, agent: bool = F
         timeout=sandbox.spec.timeouts.create_s,
         sandbox_id=sandbox.id,
         log_path=str(sandbox.directory / f"bwrap{number}.log"),
+        make_dirs=(str(upper), str(work)),  # made by the zygote, as the sandbox user
         nice=BACKGROUND_NICE if background else 0,
     )
     generation = Generation(instance, upper, work)

@@ -75,17 +75,14 @@ class Instance(ProcessHandle):
         timeout: float,
         sandbox_id: str,
         log_path: str,
+        make_dirs: Sequence[str] = (),
         nice: int = 0,
     ) -> Instance:
         loop = asyncio.get_running_loop()
         info_r, info_w = os.pipe2(os.O_CLOEXEC)
         try:
-            log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
-            try:
-                zygote.spawn_bwrap(argv, block_fd=block_fd, info_fd=info_w, log_fd=log_fd, ids=ids,
-                                   nice=nice)
-            finally:
-                os.close(log_fd)
+            zygote.spawn_bwrap(argv, block_fd=block_fd, info_fd=info_w, log_path=log_path,
+                               make_dirs=make_dirs, ids=ids, nice=nice)
         except OSError as exc:
             os.close(info_r)
             raise CreateFailedError(f"cannot start bwrap: {exc}", sandbox_id=sandbox_id) from exc
@@ -99,10 +96,14 @@ class Instance(ProcessHandle):
                 if not holder:
                     raise CreateFailedError(_failure(log_path), sandbox_id=sandbox_id)
                 instance = cls(holder)
+                # A niced boot may take long under load, and nobody waits for it: poll it
+                # less and less often, so that the event loop stays free for commands.
+                poll, most = READY_POLL_S, READY_POLL_S * (16 if nice else 2)
                 while not (ready := _caps_dropped(holder)):
                     if ready is None:  # it is gone: bwrap failed
                         raise CreateFailedError(_failure(log_path), sandbox_id=sandbox_id)
-                    await asyncio.sleep(READY_POLL_S)
+                    await asyncio.sleep(poll)
+                    poll = min(2 * poll, most)
         except BaseException as exc:
             if instance is not None:
                 await instance.kill()
@@ -125,15 +126,22 @@ def _parent_of(pid: int) -> int:
 
 
 def _caps_dropped(pid: int) -> bool | None:
-    """Whether ``pid`` has dropped every capability; None if it no longer exists."""
+    """Whether ``pid`` has dropped every capability; None if it no longer exists.
+
+    bwrap drops them as the last step before it blocks, when the sandbox is set up."""
     try:
-        with open(f"/proc/{pid}/status") as f:
-            for line in f:
-                if line.startswith("CapEff:"):
-                    return int(line.split()[1], 16) == 0
+        fd = os.open(f"/proc/{pid}/status", os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            status = os.read(fd, 16384)
+        finally:
+            os.close(fd)
     except OSError:
         return None
-    return False
+    at = status.find(b"\nCapEff:")
+    if at < 0:
+        return False
+    end = status.find(b"\n", at + 1)
+    return int(status[at + 8:end if end > 0 else None], 16) == 0
 
 
 async def _read_all(loop: asyncio.AbstractEventLoop, fd: int) -> bytes:

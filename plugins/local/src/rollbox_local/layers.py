@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import shutil
 import stat
@@ -35,13 +36,24 @@ def copy_layer(src: Path, dest: Path) -> None:
             if stat.S_ISLNK(st.st_mode):
                 os.symlink(os.readlink(s), d)
             elif stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode):
-                os.link(s, d, follow_symlinks=False)
+                _copy_whiteout(s, d, st)
                 continue
             elif stat.S_ISREG(st.st_mode):
                 shutil.copy2(s, d, follow_symlinks=False)
             else:
                 continue  # sockets and fifos do not survive a snapshot
             _copy_owner(s, d)
+
+
+def _copy_whiteout(src: Path, dest: Path, st: os.stat_result) -> None:
+    """A hard link where the layers share a filesystem; else a new 0/0 device, which
+    Linux lets anyone create since 5.8 (a layer in memory, its snapshot on disk)."""
+    try:
+        os.link(src, dest, follow_symlinks=False)
+    except OSError as exc:
+        if exc.errno != errno.EXDEV:
+            raise
+        os.mknod(dest, stat.S_IFMT(st.st_mode) | stat.S_IMODE(st.st_mode), st.st_rdev)
 
 
 def _copy_owner(src: Path, dest: Path) -> None:

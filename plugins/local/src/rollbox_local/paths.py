@@ -7,7 +7,7 @@ from pathlib import Path
 
 from rollbox.paths import default_home
 
-__all__ = ["default_home", "sandbox_ids", "unreachable_by"]
+__all__ = ["default_home", "process_alive", "sandbox_ids", "unreachable_by"]
 
 DEFAULT_SANDBOX_UID = 200_000
 
@@ -31,3 +31,16 @@ def unreachable_by(path: Path, uid: int) -> Path | None:
         if st.st_uid != uid and not st.st_mode & 0o001:
             return directory
     return None
+
+
+def process_alive(pid: int) -> bool:
+    """Whether a process ``pid`` exists (this one always does)."""
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

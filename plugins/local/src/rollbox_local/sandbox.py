@@ -42,7 +42,6 @@ from rollbox.spec import MiB, Network, SandboxSpec
 
 from rollbox_local.execution import Execution
 from rollbox_local.generation import Generation, boot_generation
-from rollbox_local.layers import remove_tree
 from rollbox_local.pathsafe import acting_as, make_parents, open_in_root
 from rollbox_local.zygote import AgentChannel
 
@@ -177,7 +176,7 @@ class LocalSandbox(Sandbox):
         try:
             for generation in generations:
                 await generation.stop()
-            await asyncio.to_thread(remove_tree, self.directory)
+            self.backend.remove_later(self.directory)
         finally:
             self.backend.forget(self)  # even if cleanup failed: never report it as open
 

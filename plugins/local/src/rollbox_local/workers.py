@@ -26,6 +26,7 @@ from typing import Any
 
 from rollbox.errors import CreateFailedError
 
+from rollbox_local import _worker
 from rollbox_local._worker import read_exact
 
 BACKGROUND_NICE = 10
@@ -43,7 +44,9 @@ class _Worker:
         self.boosted = False
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "rollbox_local._worker", str(nice)],
+            # By path, not -m: the package is already imported by the time -m runs the
+            # module, and runpy warns about that on every start.
+            [sys.executable, _worker.__file__, str(nice)],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, cwd="/", env=env,
         )
 

@@ -78,15 +78,20 @@ class Zygote:
                 if attempt == 2:
                     raise
 
-    def spawn_bwrap(self, argv: Sequence[str], *, block_fd: int, info_fd: int, log_fd: int,
-                    ids: tuple[int, int] | None, nice: int = 0) -> None:
+    def spawn_bwrap(self, argv: Sequence[str], *, block_fd: int, info_fd: int, log_path: str,
+                    make_dirs: Sequence[str] = (), ids: tuple[int, int] | None,
+                    nice: int = 0) -> None:
         """Start bwrap; inside its argv the block pipe is fd 3 and the info pipe fd 4.
 
-        ``nice`` > 0 for work nobody waits on (a standby generation), so that its setup
-        yields the CPU to commands that are running now."""
-        message = {"op": "spawn", "argv": list(argv), "nice": nice,
+        As the sandbox user, the zygote's child first creates ``make_dirs`` and opens
+        ``log_path`` for bwrap's stderr: filesystem calls that can wait on a busy disk's
+        journal, so they are not made on the event loop. ``nice`` > 0 for work nobody
+        waits on (a standby generation), so that its setup yields the CPU to commands
+        that are running now."""
+        message = {"op": "spawn", "argv": list(argv), "nice": nice, "log": log_path,
+                   "mkdirs": list(make_dirs),
                    "uid": ids[0] if ids else None, "gid": ids[1] if ids else None}
-        self._send(json.dumps(message).encode(), [block_fd, info_fd, log_fd])
+        self._send(json.dumps(message).encode(), [block_fd, info_fd])
 
     async def boot_agent(
         self, *, holder: int, rlimits: Sequence[tuple[int, int, int]], sandbox_id: str,
