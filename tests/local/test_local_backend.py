@@ -19,6 +19,7 @@ from rollbox import SandboxSpec
 from rollbox.errors import (
     BackendUnavailableError,
     CommandNotFoundError,
+    CreateFailedError,
     ImageError,
     ImageNotFoundError,
     ImageStoreFullError,
@@ -26,6 +27,7 @@ from rollbox.errors import (
 )
 from rollbox.spec import Network, Resources
 from rollbox_local import LocalBackend, LocalSandbox
+from rollbox_local.generation import boot_generation
 from rollbox_local.oci_build import write_oci_layout
 
 HOST = SandboxSpec(image="host")
@@ -406,3 +408,24 @@ def test_state_dir_the_sandbox_user_cannot_reach_is_refused(state_dir: Path) -> 
         LocalBackend(state_dir=private / "home")
     assert f"{private} is private (mode 700)" in caught.value.message
     assert "ROLLBOX_HOME" in caught.value.message
+
+
+async def test_the_zygote_makes_a_generations_directories_and_reports_why_it_cannot(
+    backend: LocalBackend,
+) -> None:
+    """Generation directories are made by the zygote's child as the sandbox user (no
+    filesystem call on the event loop); a failure there is a clear CreateFailedError."""
+    sandbox = await backend.create(HOST)
+    try:
+        upper = sandbox.directory / "upper0"
+        owner = backend.ids or (os.geteuid(), os.getegid())
+        assert (upper.stat().st_uid, upper.stat().st_gid) == owner
+        (sandbox.directory / "upper7").mkdir()  # in the way of generation 7
+        with pytest.raises(CreateFailedError) as caught:
+            await boot_generation(sandbox, 7)
+        assert "File exists" in caught.value.message and "upper7" in caught.value.message
+        assert caught.value.retryable
+        await sandbox.reset()  # the sandbox itself is unharmed
+        assert (await sandbox.exec("echo ok")).text == "ok\n"
+    finally:
+        await sandbox.close()
