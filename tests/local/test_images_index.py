@@ -104,3 +104,20 @@ def test_a_save_merges_what_another_process_wrote_meanwhile(tmp_path: Path) -> N
     index.update({"ours": {"digest": "sha256:02"}})
     assert set(on_disk(index.path)) == {"theirs", "ours"}
     assert not [p for p in os.listdir(tmp_path) if p.startswith(".index.")]
+
+
+def test_a_save_left_on_a_closed_loop_is_made_on_the_next(tmp_path: Path) -> None:
+    index = make_index(tmp_path)
+
+    async def change(key: str) -> None:
+        index.update({key: {"digest": "sha256:01"}})  # the loop ends before it is saved
+
+    asyncio.run(change("first"))
+    assert not index.path.exists()
+
+    async def change_and_flush() -> None:
+        index.update({"second": {"digest": "sha256:02"}})
+        await index.flush()
+
+    asyncio.run(change_and_flush())
+    assert set(on_disk(index.path)) == {"first", "second"}

@@ -64,6 +64,17 @@ def test_memory_is_a_private_directory_per_process_and_dead_ones_are_cleared(
 
 
 @needs_memory
+def test_memory_asked_for_but_unusable_is_an_error_at_once(
+    state_dir: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    (tmp_path / f"rollbox-{os.geteuid()}").write_text("not a directory")
+    monkeypatch.setattr(scratch, "SHM", tmp_path)
+    monkeypatch.setattr(scratch, "memory_unavailable", lambda: None)
+    with pytest.raises(UsageError, match="cannot use"):
+        Scratch.choose("memory", state_dir)
+
+
+@needs_memory
 def test_a_nearly_full_tmpfs_sends_new_layers_to_disk(
     state_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -60,7 +60,7 @@ class ImagesIndex:
 
     async def flush(self) -> None:
         """Save everything changed so far, now (off the loop)."""
-        if self._saving is not None and self._hurry is not None:
+        if self._saving_here() and self._saving is not None and self._hurry is not None:
             self._hurry.set()
             await asyncio.shield(self._saving)
         if self._pending():
@@ -84,6 +84,13 @@ class ImagesIndex:
                     self._unsaved = {**changes, **self._unsaved}
                 raise
 
+    def _saving_here(self) -> bool:
+        """A save is scheduled on the running loop (one left on a loop that has since
+        closed never runs: the next change schedules a new one)."""
+        task = self._saving
+        return task is not None and not task.done() and (
+            task.get_loop() is asyncio.get_running_loop())
+
     def _pending(self) -> bool:
         return bool(self._unsaved or self._last_use)
 
@@ -93,7 +100,7 @@ class ImagesIndex:
         except RuntimeError:
             self.save()
             return
-        if self._saving is None:
+        if not self._saving_here():
             self._hurry = asyncio.Event()
             self._saving = loop.create_task(self._save_later(self._hurry))
 
@@ -106,7 +113,8 @@ class ImagesIndex:
         except Exception:  # a full disk must not crash the loop; the next save retries
             log.exception("saving the image index %s failed", self.path)
         finally:
-            self._saving = None
+            if self._saving is asyncio.current_task():
+                self._saving = None
 
     def _read(self) -> Refs:
         try:

@@ -31,6 +31,7 @@ import platform
 import re
 import secrets
 import stat
+import threading
 from pathlib import Path
 
 from rollbox.errors import UsageError
@@ -52,6 +53,7 @@ class Scratch:
     def __init__(self, disk: Path, memory: Path | None) -> None:
         self.disk = disk
         self._memory_parent = memory  # made on first use: most backends never create one
+        self._lock = threading.Lock()  # place() runs in worker threads
         self.memory: Path | None = None
 
     @classmethod
@@ -69,8 +71,15 @@ class Scratch:
             path.mkdir(parents=True, exist_ok=True)
             return cls(path, None)
         why_not = memory_unavailable()
-        if why_not is None:
+        if why_not is None and choice == "auto":
             return cls(disk, SHM / f"rollbox-{os.geteuid()}")
+        if why_not is None:  # asked for memory: make its directory now, or say why not
+            chosen = cls(disk, None)
+            try:
+                chosen.memory = _own_directory(SHM / f"rollbox-{os.geteuid()}")
+                return chosen
+            except OSError as exc:
+                why_not = f"cannot use {SHM}: {exc}"
         if choice == "memory":
             raise UsageError(f"ROLLBOX_SCRATCH=memory, but {why_not}; use auto or disk")
         return cls(disk, None)
@@ -82,13 +91,14 @@ class Scratch:
     def place(self) -> Path:
         """The parent directory for a new sandbox's directory (blocking: call it in a
         thread)."""
-        if self.memory is None and self._memory_parent is not None:
-            try:
-                self.memory = _own_directory(self._memory_parent)
-            except OSError as exc:
-                log.warning("sandbox layers go to disk: cannot use %s (%s)",
-                            self._memory_parent, exc)
-            self._memory_parent = None
+        with self._lock:
+            if self.memory is None and self._memory_parent is not None:
+                try:
+                    self.memory = _own_directory(self._memory_parent)
+                except OSError as exc:
+                    log.warning("sandbox layers go to disk: cannot use %s (%s)",
+                                self._memory_parent, exc)
+                self._memory_parent = None
         if self.memory is not None and _free_fraction(self.memory) >= MEMORY_RESERVE:
             return self.memory
         return self.disk
