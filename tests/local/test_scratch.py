@@ -75,6 +75,12 @@ def test_memory_asked_for_but_unusable_is_an_error_at_once(
 
 
 @needs_memory
+def test_a_small_tmpfs_is_not_used(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(scratch, "MIN_MEMORY_BYTES", 2**60)  # as if /dev/shm were 64 MiB
+    assert "holds only" in (memory_unavailable() or "")
+
+
+@needs_memory
 def test_a_nearly_full_tmpfs_sends_new_layers_to_disk(
     state_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

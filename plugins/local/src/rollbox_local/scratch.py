@@ -9,8 +9,8 @@ first commands waiting 100 ms for a directory block). On a tmpfs that sync is fr
 
 ``ROLLBOX_SCRATCH`` (or ``LocalBackend(scratch=...)``) picks the place:
 
-* ``auto`` (default): memory if ``/dev/shm`` is a tmpfs this kernel can hold overlay
-  upper layers on (user xattrs on tmpfs, Linux 6.6+), else disk;
+* ``auto`` (default): memory if ``/dev/shm`` is a tmpfs of at least 2 GiB this kernel
+  can hold overlay upper layers on (user xattrs on tmpfs, Linux 6.6+), else disk;
 * ``memory``: like auto, but an error if memory is not possible;
 * ``disk``: ``<state_dir>/sandboxes``;
 * an absolute path: that directory.
@@ -45,6 +45,9 @@ SHM = Path("/dev/shm")
 MIN_KERNEL = (6, 6)  # tmpfs user.* xattrs, which overlayfs needs in a user namespace
 MEMORY_RESERVE = 0.10
 """Fraction of the tmpfs kept free: below it, new layers go to disk."""
+MIN_MEMORY_BYTES = 2 * 1024**3
+"""A smaller tmpfs (a container's default /dev/shm is 64 MiB) would fill with one busy
+sandbox's writes: layers then go to disk."""
 
 
 class Scratch:
@@ -120,6 +123,10 @@ def memory_unavailable() -> str | None:
         return f"{SHM} does not exist"
     if _fs_type(SHM) != "tmpfs":
         return f"{SHM} is not a tmpfs"
+    st = os.statvfs(SHM)
+    if st.f_blocks * st.f_frsize < MIN_MEMORY_BYTES:
+        return (f"{SHM} holds only {st.f_blocks * st.f_frsize // 2**20} MiB (less than "
+                f"{MIN_MEMORY_BYTES // 2**30} GiB)")
     if _kernel() < MIN_KERNEL:
         return (f"Linux {platform.release()} cannot keep overlay upper layers on tmpfs in a "
                 "user namespace (needs 6.6+)")
