@@ -28,8 +28,8 @@ import asyncio
 import contextlib
 import os
 import secrets
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any, ClassVar
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any, ClassVar, TypeVar
 
 from kubernetes_asyncio.client import ApiClient, Configuration, CoreV1Api
 from rollbox.backend import Backend, Diagnostic
@@ -54,6 +54,9 @@ from rollbox_kubernetes.warmpools import WarmPools
 from rollbox_kubernetes.watcher import Watcher
 
 MODES = ("claim", "pod")
+
+
+T = TypeVar("T")
 
 
 class KubernetesBackend(Backend):
@@ -195,16 +198,25 @@ class KubernetesBackend(Backend):
     def _name(self, key: str) -> str:
         return f"{self.options.run_id}-{key[:6]}-{secrets.token_hex(3)}"
 
+    async def _create_then(self, res: Resource, what: str, name: str, body: Obj,
+                           ready: Callable[[Obj], Awaitable[T]]) -> T:
+        """Create ``body``, then wait with ``ready(created)``; if that fails (or is
+        cancelled), delete it again. Once ready, close will delete it."""
+        created = await self.api(f"create {what}", self.client.create(
+            res, self.options.namespace, body))
+        try:
+            result = await ready(created)
+        except BaseException:
+            await self._delete_quietly(res, name)
+            raise
+        self._backing[name] = res
+        return result
+
     async def _create_claim(self, spec: SandboxSpec, key: str, pool: str) -> KubeSandbox:
         name = self._name(key)
-        created = await self.api("create claim", self.client.create(
-            CLAIMS, self.options.namespace, render.claim(name, pool, key, self.options)))
-        try:
-            sandbox_name = await self._await_ready(CLAIMS, name, created, spec, claim_state)
-        except BaseException:
-            await self._delete_quietly(CLAIMS, name)
-            raise
-        self._backing[name] = CLAIMS
+        sandbox_name = await self._create_then(
+            CLAIMS, "claim", name, render.claim(name, pool, key, self.options),
+            lambda created: self._await_ready(CLAIMS, name, created, spec, claim_state))
         return KubeSandbox(self, name, spec, pod=sandbox_name,
                            base_env=render.container_env(spec))
 
@@ -213,14 +225,9 @@ class KubernetesBackend(Backend):
         if spec.network is Network.NONE:
             await self._ensure_deny_all()
         name = self._name(key)
-        created = await self.api("create Sandbox", self.client.create(
-            SANDBOXES, self.options.namespace, render.sandbox(name, spec, self.options)))
-        try:
-            pod = await self._await_ready(SANDBOXES, name, created, spec, sandbox_state)
-        except BaseException:
-            await self._delete_quietly(SANDBOXES, name)
-            raise
-        self._backing[name] = SANDBOXES
+        pod = await self._create_then(
+            SANDBOXES, "Sandbox", name, render.sandbox(name, spec, self.options),
+            lambda created: self._await_ready(SANDBOXES, name, created, spec, sandbox_state))
         return KubeSandbox(self, name, spec, pod=pod, base_env=render.container_env(spec))
 
     async def _ensure_deny_all(self) -> None:
@@ -296,14 +303,8 @@ class KubernetesBackend(Backend):
 
     async def _create_pod(self, spec: SandboxSpec) -> KubeSandbox:
         name = self._name(render.spec_key(spec, self.options))
-        created = await self.api("create pod", self.client.create(
-            PODS, self.options.namespace, render.raw_pod(name, spec, self.options)))
-        try:
-            await self._await_pod(name, created, spec)
-        except BaseException:
-            await self._delete_quietly(PODS, name)
-            raise
-        self._backing[name] = PODS
+        await self._create_then(PODS, "pod", name, render.raw_pod(name, spec, self.options),
+                                lambda created: self._await_pod(name, created, spec))
         return KubeSandbox(self, name, spec, pod=name, base_env=render.container_env(spec))
 
     async def _await_pod(self, name: str, pod: Obj, spec: SandboxSpec) -> None:
