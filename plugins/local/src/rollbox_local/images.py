@@ -202,7 +202,7 @@ class ImageStore:
         self._pins: Counter[str] = Counter()
         self._reserved: dict[str, int] = {}
         self._inflight: dict[str, asyncio.Task[_Entry]] = {}  # by plan key
-        self._inflight_refs: dict[str, asyncio.Task[_Entry]] = {}  # by the ref that started it
+        self._inflight_keys: dict[str, str] = {}  # ref that started one → its plan key
         self._hinted: list[str] = []  # digests of the latest hint, soonest first
         self._hint_task: asyncio.Task[None] | None = None
         self._hint_errors: dict[str, ImageError] = {}
@@ -451,9 +451,11 @@ class ImageStore:
 
         ``background``: nobody waits for it yet (a hint), so unpack it in the niced
         helper; a caller that then needs it boosts that helper back to normal priority."""
-        task = self._inflight_refs.get(ref)
-        if task is not None:  # the same ref on its way: skip looking at its source again
-            return await self._join(task, background)
+        key = self._inflight_keys.get(ref)
+        if key is not None:  # the same ref on its way: skip looking at its source again
+            if not background:
+                self.chores.boost(key)
+            return await asyncio.shield(self._inflight[key])
         plan = self._recheck(await asyncio.to_thread(self._plan, ref, probe=True))
         if plan.digest is not None and plan.digest in self._entries:
             entry = self._entries[plan.digest]
@@ -467,24 +469,17 @@ class ImageStore:
             self._inflight[plan.key] = task
             task.add_done_callback(functools.partial(self._forget_inflight, plan.key, ref))
             self._keep(task)
-            self._inflight_refs[ref] = task
+            self._inflight_keys[ref] = plan.key
         elif not background:
             self.chores.boost(plan.key)
         entry = await asyncio.shield(task)
         self._record(plan, entry)
         return entry
 
-    async def _join(self, task: asyncio.Task[_Entry], background: bool) -> _Entry:
-        if not background:
-            key = next((k for k, t in self._inflight.items() if t is task), None)
-            if key is not None:
-                self.chores.boost(key)
-        return await asyncio.shield(task)
-
-    def _forget_inflight(self, key: str, ref: str, task: asyncio.Task[_Entry]) -> None:
+    def _forget_inflight(self, key: str, ref: str, _task: asyncio.Task[_Entry]) -> None:
         self._inflight.pop(key, None)
-        if self._inflight_refs.get(ref) is task:
-            del self._inflight_refs[ref]
+        if self._inflight_keys.get(ref) == key:
+            del self._inflight_keys[ref]
 
     def _recheck(self, plan: _Plan) -> _Plan:
         """After the thread hop: a concurrent hydration may have learnt this source's digest."""
