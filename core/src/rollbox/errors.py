@@ -12,7 +12,9 @@ codes, ...) are mapped onto this tree at the backend's edge, so callers never se
     │   ├── UnknownBackendError         no plugin registered a backend by that name
     │   ├── PluginError                 a plugin is broken (bad hook, duplicate name)
     │   ├── MissingExtraError           an optional package is not installed
-    │   └── BackendUnavailableError     the backend cannot run here (e.g. no user namespaces)
+    │   ├── BackendUnavailableError     the backend cannot run here (e.g. no user namespaces)
+    │   ├── NotRegularFileError         the file API met a directory, FIFO, socket or device
+    │   └── FileTooLargeError           a file over the sandbox's size cap (file_size_mb)
     ├── SandboxError                    a sandbox failed; ``sandbox_id`` says which
     │   ├── CreateFailedError           retryable: the backend could not start it
     │   ├── SandboxLostError            retryable: it died or vanished (mid-command, too)
@@ -20,6 +22,8 @@ codes, ...) are mapped onto this tree at the backend's edge, so callers never se
     │   ├── ExecTimeoutError            the command overran its timeout; its tree was killed
     │   ├── CommandNotFoundError        the program does not exist in the image
     │   ├── SandboxFileNotFoundError    read of a path that does not exist in the sandbox
+    │   ├── PortNotOpenError            nothing accepts connections on that port inside
+    │   ├── SnapshotFailedError         the sandbox's state could not be copied
     │   └── ImageError
     │       ├── ImageNotFoundError      no such image anywhere the backend looks
     │       ├── ImageCorruptError       the image exists but cannot be unpacked
@@ -85,6 +89,19 @@ class BackendUnavailableError(UsageError):
     kind = "backend_unavailable"
 
 
+class NotRegularFileError(UsageError):
+    """The file API moves regular files only: not directories, FIFOs (which could block
+    forever), sockets or devices (``/dev/zero`` never ends)."""
+
+    kind = "not_regular_file"
+
+
+class FileTooLargeError(UsageError):
+    """A file over the sandbox's size cap (``resources.file_size_mb``)."""
+
+    kind = "file_too_large"
+
+
 class SandboxError(RollboxError):
     """A sandbox failed. ``sandbox_id`` is None when it failed before it had one."""
 
@@ -141,6 +158,16 @@ class SandboxFileNotFoundError(SandboxError, FileNotFoundError):
     kind = "file_not_found"
 
 
+class PortNotOpenError(SandboxError):
+    """Nothing accepts connections on the port inside the sandbox (yet)."""
+
+    kind = "port_not_open"
+
+
+class SnapshotFailedError(SandboxError):
+    kind = "snapshot_failed"
+
+
 class ImageError(SandboxError):
     kind = "image"
 
@@ -175,6 +202,8 @@ SANDBOX_SOUND_AFTER: tuple[type[SandboxError], ...] = (
     ExecTimeoutError,
     CommandNotFoundError,
     SandboxFileNotFoundError,
+    PortNotOpenError,
+    SnapshotFailedError,
 )
 """Errors after which the sandbox itself is still sound: a reset cleans up after them,
 so a pool may reuse it (every other SandboxError means: give it back as broken)."""

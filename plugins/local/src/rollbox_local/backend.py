@@ -24,14 +24,21 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from rollbox.backend import Backend, Diagnostic
-from rollbox.errors import BackendUnavailableError, CreateFailedError, ImageError, SandboxError
+from rollbox.errors import (
+    BackendUnavailableError,
+    CreateFailedError,
+    ImageError,
+    SandboxError,
+    SnapshotFailedError,
+)
 from rollbox.sandbox import Capabilities, Snapshot
 from rollbox.spec import SandboxSpec
 
 from rollbox_local import doctor as doctor_checks
 from rollbox_local.bwrap import Bwrap, find_bwrap, write_etc
 from rollbox_local.images import Image, ImageStore, _capacity_from_env
-from rollbox_local.layers import copy_layer, remove_tree
+from rollbox_local.layers import remove_tree
+from rollbox_local.owners import claim
 from rollbox_local.paths import default_home, sandbox_ids, unreachable_by
 from rollbox_local.sandbox import LocalSandbox
 from rollbox_local.scratch import Scratch
@@ -88,6 +95,7 @@ class LocalBackend(Backend):
         self._block: tuple[int, int] | None = None
         self._sandboxes: dict[str, LocalSandbox] = {}
         self._background: set[asyncio.Task[None]] = set()
+        self._snapshots: set[Path] = set()  # layers of snapshots not dropped yet
         _raise_nofile_limit()
 
     # -- shared resources ----------------------------------------------------------------
@@ -180,15 +188,36 @@ class LocalBackend(Backend):
     def hint_upcoming(self, images: list[str] | tuple[str, ...]) -> None:  # type: ignore[override]
         self.images.hint(images)
 
-    async def snapshot_of(self, sandbox: LocalSandbox, upper: Path) -> Snapshot:
+    async def snapshot_of(self, sandbox: LocalSandbox, generation: Generation) -> Snapshot:
+        """Copy ``generation``'s writable layer into a new snapshot (the caller has
+        stopped its processes). The copy is made by a child of the zygote acting as the
+        sandbox's own root (see ``_agent.copy_tree``), into ``<id>.partial``, renamed
+        when complete: a failed copy leaves nothing behind."""
         snap_id = f"snap-{secrets.token_hex(6)}"
-        layer = self.state_dir / "snapshots" / snap_id
-        await asyncio.to_thread(copy_layer, upper, layer)
+        parent = await asyncio.to_thread(claim, self.state_dir / "snapshots",
+                                         prepare=self._give_to_sandbox_user)
+        partial, layer = parent / f"{snap_id}.partial", parent / snap_id
+        try:
+            await self.zygote.copy_layer(holder=generation.instance.holder,
+                                         src=str(generation.upper), dest=str(partial),
+                                         timeout=sandbox.spec.timeouts.create_s)
+            await asyncio.to_thread(os.rename, partial, layer)
+        except (OSError, TimeoutError) as exc:
+            self.remove_later(partial)
+            why = "it took too long" if isinstance(exc, TimeoutError) else str(exc)
+            raise SnapshotFailedError(f"could not snapshot sandbox {sandbox.id}: {why}",
+                                      sandbox_id=sandbox.id) from None
+        self._snapshots.add(layer)
         lowers = (layer, *sandbox.lowers)
         return Snapshot(
             id=snap_id, spec=sandbox.spec, backend=self.name,
-            meta={"image": sandbox.spec.image, "lowers": os.pathsep.join(map(str, lowers))},
+            meta={"image": sandbox.spec.image, "layer": str(layer),
+                  "lowers": os.pathsep.join(map(str, lowers))},
         )
+
+    def _give_to_sandbox_user(self, directory: Path) -> None:
+        if self.ids is not None:
+            os.chown(directory, *self.ids)
 
     async def fork(self, snapshot: Snapshot) -> LocalSandbox:
         lowers = tuple(Path(p) for p in snapshot.meta["lowers"].split(os.pathsep))
@@ -203,7 +232,10 @@ class LocalBackend(Backend):
             raise
 
     async def drop_snapshot(self, snapshot: Snapshot) -> None:
-        await asyncio.to_thread(remove_tree, self.state_dir / "snapshots" / snapshot.id)
+        layer = Path(snapshot.meta.get("layer", "/nonexistent"))
+        if layer in self._snapshots:
+            self._snapshots.discard(layer)
+            await asyncio.to_thread(remove_tree, layer)
 
     def forget(self, sandbox: LocalSandbox) -> None:
         if self._sandboxes.pop(sandbox.id, None) is not None:
@@ -258,6 +290,9 @@ class LocalBackend(Backend):
     async def aclose(self) -> None:
         await asyncio.gather(*(s.close() for s in list(self._sandboxes.values())),
                              return_exceptions=True)
+        for layer in list(self._snapshots):  # a snapshot does not outlive its backend
+            self.remove_later(layer)
+        self._snapshots.clear()
         if self._background:
             await asyncio.gather(*self._background, return_exceptions=True)
         if self._owns_images:

@@ -18,6 +18,7 @@ from typing import Any
 from rollbox.errors import BackendUnavailableError, CreateFailedError
 
 from rollbox_local.pidfd import ProcessHandle
+from rollbox_local.statuspipe import StatusLine
 
 AGENT_SCRIPT = Path(__file__).with_name("_agent.py")
 
@@ -57,6 +58,7 @@ class Zygote:
                 [sys.executable, "-I", "-S", str(AGENT_SCRIPT), str(theirs.fileno())],
                 pass_fds=[theirs.fileno()],
                 stdin=subprocess.DEVNULL,
+                start_new_session=True,  # Ctrl-C in the caller's terminal is not for it
                 env={},  # sandboxes can read /proc/<agent>/environ: it must hold nothing
             )
         except OSError as exc:
@@ -92,6 +94,30 @@ class Zygote:
                    "mkdirs": list(make_dirs),
                    "uid": ids[0] if ids else None, "gid": ids[1] if ids else None}
         self._send(json.dumps(message).encode(), [block_fd, info_fd])
+
+    async def copy_layer(self, *, holder: int, src: str, dest: str, timeout: float) -> None:
+        """Copy the writable layer ``src`` to ``dest`` (which must not exist) as the
+        sandbox's own root, in the user namespace ``holder`` is in (see ``_agent.py``).
+
+        Raises OSError with the copy's reason, or TimeoutError."""
+        st_r, st_w = os.pipe2(os.O_CLOEXEC)
+        try:
+            self._send(json.dumps({"op": "copy", "holder": holder, "src": src,
+                                   "dest": dest}).encode(), [st_w])
+        except BaseException:
+            os.close(st_r)
+            raise
+        finally:
+            os.close(st_w)
+        status = StatusLine(st_r)
+        try:
+            async with asyncio.timeout(timeout):
+                outcome = await status.final
+        finally:
+            status.close()
+        if outcome is None or outcome.tag != "X":
+            code, _, why = (outcome.rest if outcome else "0 the copy died").partition(" ")
+            raise OSError(int(code) if code.isdigit() else 0, why)
 
     async def boot_agent(
         self, *, holder: int, rlimits: Sequence[tuple[int, int, int]], sandbox_id: str,
