@@ -304,10 +304,17 @@ def sandbox_processes(roots: list[Path]) -> dict[int, str]:
         if b"bwrap" in cmdline.split(b"\0", 1)[0] and any(m in cmdline for m in markers):
             found[int(pid)] = "bwrap"
     namespaces = {_mnt_ns(p) for p in found} - {None, own_ns}
-    for pid in procs:
-        if int(pid) not in found and _mnt_ns(pid) in namespaces:
-            found[int(pid)] = "agent"
+    inside = [int(pid) for pid in procs if int(pid) not in found and _mnt_ns(pid) in namespaces]
+    for pid in inside:  # the agent, and the helpers it forks (their parent is inside too)
+        found[pid] = "helper" if _parent(pid) in inside else "agent"
     return found
+
+
+def _parent(pid: int) -> int:
+    for line in (_read(f"/proc/{pid}/status") or b"").splitlines():
+        if line.startswith(b"PPid:"):
+            return int(line.split()[1])
+    return 0
 
 
 def pss_bytes(pid: int) -> int:

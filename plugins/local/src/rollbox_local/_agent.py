@@ -465,6 +465,10 @@ def _become_agent(req: dict[str, Any], channel: int) -> None:
 FORWARDED = ("exec", "read", "write", "connect")
 
 
+MAX_IDLE_HELPERS = 2
+REFILL_AFTER_MS = 5
+
+
 class HelperRef:
     """The agent's view of one helper: its pid, its socket, the request it serves."""
 
@@ -480,26 +484,30 @@ class Agent:
     def __init__(self, sock: socket.socket) -> None:
         self.sock = sock
         self.helpers: dict[int, HelperRef] = {}  # by pid
+        self.by_fd: dict[int, HelperRef] = {}  # by the agent's end of its socket
         self.jobs: dict[int, HelperRef] = {}  # by request id
-        self.spare: HelperRef | None = None
+        self.idle: list[HelperRef] = []
         self.purge = False  # a helper died from a signal: kill the strays it left
+        self.poller = select.poll()
         self.wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         signal.set_wakeup_fd(wake_w)
         signal.signal(signal.SIGCHLD, lambda *_: None)
 
     def serve(self) -> None:
-        self.spare = self.fork_helper()
+        self.idle.append(self.fork_helper())
         self.sock.send(b"R")  # ready
-        poller = select.poll()
-        poller.register(self.sock.fileno(), select.POLLIN)
-        poller.register(self.wake_r, select.POLLIN)
+        self.poller.register(self.sock.fileno(), select.POLLIN)
+        self.poller.register(self.wake_r, select.POLLIN)
         while True:
-            if self.spare is None:
-                self.spare = self.fork_helper()
+            # A helper is made ahead of need only when nothing else is going on, so the
+            # fork never competes with a command that has just started.
+            timeout = REFILL_AFTER_MS if not self.idle else None
             try:
-                events = poller.poll()
+                events = self.poller.poll(timeout)
             except InterruptedError:
                 continue
+            if not events and not self.idle:
+                self.idle.append(self.fork_helper())
             for fd, _ in events:
                 if fd == self.wake_r:
                     try:
@@ -507,22 +515,26 @@ class Agent:
                     except OSError:
                         pass
                     self.reap()
+                elif fd in self.by_fd:
+                    self.helper_says(self.by_fd[fd])
                 elif not self.handle():
                     return
 
     def fork_helper(self) -> HelperRef:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         pid = os.fork()
-        if pid == 0:
-            ours.close()
-            _close(self.sock.fileno(), self.wake_r)
-            for ref in self.helpers.values():
-                _close(ref.sock.fileno())
+        if pid == 0:  # keep nothing of the agent's: other helpers' sockets, other
+            # requests' pipes (a held write end would keep a reader from its EOF)
+            keep = theirs.fileno()
+            os.closerange(3, keep)
+            os.closerange(keep + 1, 65536)
             Helper(theirs).serve()
             os._exit(0)
         theirs.close()
         ref = HelperRef(pid, ours)
         self.helpers[pid] = ref
+        self.by_fd[ours.fileno()] = ref
+        self.poller.register(ours.fileno(), select.POLLIN)
         return ref
 
     def handle(self) -> bool:
@@ -559,9 +571,9 @@ class Agent:
         return True
 
     def dispatch(self, rid: int, msg: bytes, fds: list[int]) -> None:
-        """Hand a request to the spare helper (a fresh one if it has died meanwhile)."""
+        """Hand a request to an idle helper (a fresh one if none is idle)."""
         for _ in range(3):
-            ref, self.spare = self.spare or self.fork_helper(), None
+            ref = self.idle.pop() if self.idle else self.fork_helper()
             try:
                 ref.sock.sendmsg([msg], [(socket.SOL_SOCKET, socket.SCM_RIGHTS,
                                           array.array("i", fds).tobytes())])
@@ -572,6 +584,33 @@ class Agent:
             self.jobs[rid] = ref
             break
         _close(*fds)
+
+    def helper_says(self, ref: HelperRef) -> None:
+        """A helper finished its request (its tree is empty): it is idle again."""
+        try:
+            msg = ref.sock.recv(64)
+        except OSError:
+            msg = b""
+        if not msg:  # it is exiting: reap() forgets it
+            self.forget(ref)
+            return
+        if ref.request is not None and self.jobs.get(ref.request) is ref:
+            del self.jobs[ref.request]
+        ref.request = None
+        if len(self.idle) < MAX_IDLE_HELPERS:
+            self.idle.append(ref)
+        else:
+            self.forget(ref)  # its socket closes: it exits
+
+    def forget(self, ref: HelperRef) -> None:
+        if ref.sock.fileno() in self.by_fd:
+            del self.by_fd[ref.sock.fileno()]
+            self.poller.unregister(ref.sock.fileno())
+            ref.sock.close()
+        if ref.request is not None and self.jobs.get(ref.request) is ref:
+            del self.jobs[ref.request]
+        if ref in self.idle:
+            self.idle.remove(ref)
 
     def reap(self) -> None:
         while True:
@@ -584,11 +623,7 @@ class Agent:
             ref = self.helpers.pop(pid, None)
             if ref is None:
                 continue  # a stray, adopted after its helper died
-            ref.sock.close()
-            if ref.request is not None and self.jobs.get(ref.request) is ref:
-                del self.jobs[ref.request]
-            if self.spare is ref:
-                self.spare = None
+            self.forget(ref)
             if os.WIFSIGNALED(wstatus):
                 self.purge = True
         if self.purge:
@@ -630,21 +665,36 @@ class Helper:
 
     def __init__(self, sock: socket.socket) -> None:
         self.sock = sock
-        _close(signal.set_wakeup_fd(-1))  # the agent's wake-up pipe is the agent's
+        signal.set_wakeup_fd(-1)  # the agent's wake-up pipe (closed with the rest)
         self.wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         signal.set_wakeup_fd(wake_w)
         _prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
 
     def serve(self) -> None:
+        """Serve requests one at a time until the agent closes the socket. After each,
+        the helper's subtree is empty (a command's daemons are waited for or killed)
+        and it tells the agent it is idle again."""
         self.warm_up()
-        try:
-            msg, fds = _recv(self.sock)
-            req = json.loads(msg) if msg else None
-        except (OSError, ValueError):
-            return
-        if not isinstance(req, dict):
-            _close(*fds)
-            return
+        while True:
+            try:
+                msg, fds = _recv(self.sock)
+                req = json.loads(msg) if msg else None
+            except InterruptedError:
+                continue
+            except (OSError, ValueError):
+                return
+            if msg == b"":
+                return
+            if not isinstance(req, dict) or req.get("op") not in FORWARDED:
+                _close(*fds)  # a late order for a request already done
+                continue
+            self.handle(req, fds)
+            try:
+                self.sock.send(b"idle")
+            except OSError:
+                return
+
+    def handle(self, req: dict[str, Any], fds: list[int]) -> None:
         op = req.get("op")
         try:
             if op == "exec":
@@ -656,7 +706,7 @@ class Helper:
             elif op == "connect":
                 connect(req, fds)
         except (KeyError, TypeError, ValueError, IndexError):
-            pass  # a malformed request from the backend: nothing to answer on
+            _close(*fds)  # a malformed request from the backend: nothing to answer on
 
     def warm_up(self) -> None:
         """Walk the spawn path once before the request: a fresh fork pays its copy-on-write
@@ -668,18 +718,25 @@ class Helper:
             pass
         finally:
             _close(r, w)
-        _processes()
 
     def exec(self, req: dict[str, Any], fds: list[int]) -> None:
         stdio, status = fds[:3], fds[3]
         try:
-            pid = _spawn(req, stdio)
-        except OSError as exc:
-            _write(status, f"E {exc.errno or 0} {req['argv'][0]}: {exc.strerror}")
-            return
+            try:
+                pid = _spawn(req, stdio)
+            except OSError as exc:
+                _write(status, f"E {exc.errno or 0} {req['argv'][0]}: {exc.strerror}")
+                return
+            finally:
+                _close(*stdio)
+            _write(status, f"S {pid}")
+            self.watch(req["id"], pid, status)
         finally:
-            _close(*stdio)
-        _write(status, f"S {pid}")
+            _close(status)
+
+    def watch(self, rid: int, pid: int, status: int) -> None:
+        """Until this helper's subtree is empty: report the command's end, take the
+        agent's orders for this request (signal its group, kill the whole tree)."""
         killing, running = False, True
         poller = select.poll()
         poller.register(self.sock.fileno(), select.POLLIN)
@@ -719,6 +776,8 @@ class Helper:
                     order = None
                 if not isinstance(order, dict):
                     poller.unregister(self.sock.fileno())  # the agent is gone
+                elif order.get("id") != rid:
+                    continue  # late, for an earlier request
                 elif order.get("op") == "kill":
                     killing = True
                 elif order.get("op") == "signal" and running:
@@ -754,43 +813,49 @@ def read_file(req: dict[str, Any], fds: list[int]) -> None:
     """Send a regular file's bytes down the data pipe; never open anything that blocks
     (a FIFO opens non-blocking and is refused), never send more than the limit."""
     data, status = fds
-    limit = int(req["limit"])
     try:
-        fd = os.open(req["path"], os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+        _write(status, _send_file(req["path"], int(req["limit"]), data))
+    finally:
+        _close(data, status)
+
+
+def _send_file(path: str, limit: int, data: int) -> str:
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
     except OSError as exc:
-        _write(status, f"E {exc.errno} {exc.strerror}")
-        return
+        return f"E {exc.errno} {exc.strerror}"
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
-            _write(status, f"T {_file_kind(st.st_mode)}")
-            return
+            return f"T {_file_kind(st.st_mode)}"
         if st.st_size > limit:
-            _write(status, f"F {st.st_size}")
-            return
+            return f"F {st.st_size}"
         os.set_blocking(fd, True)
         sent = 0
         while chunk := os.read(fd, CHUNK):
             sent += len(chunk)
             if sent > limit:  # it grew, or a /proc file with no size
-                _write(status, f"F {sent}")
-                return
-            view = memoryview(chunk)
-            while view:
-                view = view[os.write(data, view):]
-        _write(status, f"X {sent}")
+                return f"F {sent}"
+            _write_all(data, chunk)
+        return f"X {sent}"
     except OSError as exc:
-        _write(status, f"E {exc.errno} {exc.strerror}")
+        return f"E {exc.errno} {exc.strerror}"
     finally:
-        _close(fd, data)
+        _close(fd)
 
 
 def write_file(req: dict[str, Any], fds: list[int]) -> None:
     """Create or replace a regular file from the data pipe's bytes (parents made)."""
     data, status = fds
-    mode = int(req["mode"]) & 0o7777
-    path = req["path"]
-    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # over RLIMIT_FSIZE: EFBIG, not death
+    try:
+        _write(status, _receive_file(req["path"], int(req["mode"]) & 0o7777, data))
+    finally:
+        _close(data, status)
+
+
+def _receive_file(path: str, mode: int, data: int) -> str:
+    previous = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # over RLIMIT_FSIZE: EFBIG
+    fd = -1
     try:
         parent = os.path.dirname(path)
         if parent:
@@ -800,27 +865,28 @@ def write_file(req: dict[str, Any], fds: list[int]) -> None:
                 raise OSError(errno.ENOTDIR, f"{parent} is not a directory") from None
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NONBLOCK | os.O_NOCTTY
                      | os.O_CLOEXEC, mode)
-    except OSError as exc:
-        _write(status, f"E {exc.errno} {exc.strerror}")
-        return
-    try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
-            _write(status, f"T {_file_kind(st.st_mode)}")
-            return
+            return f"T {_file_kind(st.st_mode)}"
         os.set_blocking(fd, True)
         os.fchmod(fd, mode)
         written = 0
         while chunk := os.read(data, CHUNK):
-            view = memoryview(chunk)
-            while view:
-                view = view[os.write(fd, view):]
+            _write_all(fd, chunk)
             written += len(chunk)
-        _write(status, f"X {written}")
+        return f"X {written}"
     except OSError as exc:
-        _write(status, f"E {exc.errno} {exc.strerror}")
+        return f"E {exc.errno} {exc.strerror}"
     finally:
-        _close(fd, data)
+        signal.signal(signal.SIGXFSZ, previous)
+        if fd >= 0:
+            _close(fd)
+
+
+def _write_all(fd: int, chunk: bytes) -> None:
+    view = memoryview(chunk)
+    while view:
+        view = view[os.write(fd, view):]
 
 
 def connect(req: dict[str, Any], fds: list[int]) -> None:
