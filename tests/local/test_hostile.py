@@ -194,7 +194,7 @@ async def test_file_api_writes_are_owned_by_the_sandbox_not_host_root(
     backend: LocalBackend, sandbox: LocalSandbox
 ) -> None:
     await sandbox.write_file("/tmp/owned", b"x")
-    upper = sandbox._live().upper
+    upper = Path(sandbox._live().host_upper())
     owner = os.stat(upper / "tmp" / "owned").st_uid
     assert owner == (backend.ids[0] if backend.ids else os.geteuid())
 

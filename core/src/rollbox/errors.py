@@ -7,6 +7,7 @@ codes, ...) are mapped onto this tree at the backend's edge, so callers never se
     RollboxError
     ├── UsageError                      the caller must change something; never retryable
     │   ├── InvalidSpecError            a SandboxSpec field is out of range or malformed
+    │   │   └── UnsupportedSpecError    a field this backend cannot honour (here)
     │   ├── PathOutsideSandboxError     a path or symlink leads outside the sandbox
     │   ├── CapabilityNotSupportedError the backend does not declare this capability
     │   ├── UnknownBackendError         no plugin registered a backend by that name
@@ -57,6 +58,18 @@ class UsageError(RollboxError):
 
 class InvalidSpecError(UsageError):
     kind = "invalid_spec"
+
+
+class UnsupportedSpecError(InvalidSpecError):
+    """A spec asks for something the backend cannot honour (here): a limit it cannot
+    enforce, a network it cannot give. ``field`` and ``backend`` say which."""
+
+    kind = "unsupported_spec"
+
+    def __init__(self, message: str, *, field: str, backend: str) -> None:
+        super().__init__(message)
+        self.field = field
+        self.backend = backend
 
 
 class PathOutsideSandboxError(UsageError):

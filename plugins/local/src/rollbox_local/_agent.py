@@ -79,6 +79,7 @@ PR_SET_CHILD_SUBREAPER, PR_SET_NO_NEW_PRIVS, PR_CAPBSET_DROP = 36, 38, 24
 PR_SET_SECUREBITS, PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL = 28, 47, 4
 PR_SET_DUMPABLE = 4
 MS_NOSUID, MS_NODEV, MS_NOEXEC = 2, 4, 8
+MS_REC, MS_PRIVATE = 0x4000, 0x40000
 SECBIT_NOROOT_ALL = 0x3F  # noroot, no_setuid_fixup, keep_caps: each with its lock
 CAPABILITY_VERSION_3 = 0x20080522
 MAX_FDS = 8
@@ -91,6 +92,12 @@ _setns, _unshare, _prctl, _capset, _mount = (
     libc.setns, libc.unshare, libc.prctl, libc.capset, libc.mount)
 CAP_LAST = int(open("/proc/sys/kernel/cap_last_cap").read())
 DEFAULT_SIGNALS = [s for s in signal.valid_signals() if s not in (signal.SIGKILL, signal.SIGSTOP)]
+# Commands run SCHED_IDLE: within their sandbox, the agent and its helpers (the kill of
+# a timed-out tree, the next command's start) always get the CPU before a busy command.
+# A command cannot leave SCHED_IDLE (that needs RLIMIT_NICE or CAP_SYS_NICE). Between
+# sandboxes and against the host, the cgroup's weight decides (cgroups.py). glibc's
+# posix_spawn takes no SCHED_IDLE, so it is set right after the spawn.
+IDLE = os.sched_param(0)
 
 
 def _check(ret: int, what: str) -> None:
@@ -182,6 +189,17 @@ def _spawn_bwrap(req: dict[str, Any], fds: list[int]) -> None:
         os.dup2(null, 0)
         os.dup2(null, 1)
         os.closerange(5, 65536)
+        failed = ""
+        if req.get("cgroup"):
+            try:
+                _enter_cgroup(req["cgroup"])
+            except OSError as exc:  # said in the log, once it is open
+                failed = f"cannot set up the sandbox's cgroup: {exc}"
+        if req.get("tmpfs") and not failed:
+            try:
+                _mount_layer(req["tmpfs"])
+            except OSError as exc:
+                failed = f"cannot mount the sandbox's writable layer: {exc}"
         if req.get("nice"):
             os.nice(req["nice"])
         uid, gid = req.get("uid"), req.get("gid")
@@ -192,8 +210,11 @@ def _spawn_bwrap(req: dict[str, Any], fds: list[int]) -> None:
         log = os.open(req["log"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         os.dup2(log, 2)
         os.close(log)
-        for path in req.get("mkdirs", ()):
-            os.mkdir(path, 0o755)
+        if failed:
+            raise OSError(failed)
+        for path, mode in req.get("mkdirs", ()):
+            os.mkdir(path, mode)
+            os.chmod(path, mode)  # past the umask (/dev/shm is 1777)
         os.execv(req["argv"][0], req["argv"])
     except BaseException as exc:
         try:
@@ -210,13 +231,16 @@ def _copy_layer(req: dict[str, Any], fds: list[int]) -> None:
     the copy cannot steer it anywhere else). Answers X or E on the status fd."""
     status = fds[0]
     try:
+        # The layer's directory first, with this process's own rights: it is reached
+        # through directories the sandbox cannot change (a tmpfs layer only through the
+        # bwrap process's root), and everything below it is read as the sandbox.
+        src = os.open(req["src"], os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
         mnt = os.open(f"/proc/{req['holder']}/ns/mnt", os.O_RDONLY | os.O_CLOEXEC)
         userns = fcntl.ioctl(mnt, NS_GET_USERNS)
         _check(_setns(userns, CLONE_NEWUSER), "setns user")
         _close(mnt, userns)
         os.setresgid(0, 0, 0)  # the sandbox's root: what it creates, the sandbox owns
         os.setresuid(0, 0, 0)
-        src = os.open(req["src"], os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
         os.mkdir(req["dest"], 0o755)
         dest = os.open(req["dest"], os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
         copy_tree(src, dest)
@@ -312,8 +336,55 @@ def _copy_meta(source: int, target: int) -> None:
     os.utime(target, ns=(st.st_atime_ns, st.st_mtime_ns))
 
 
+def _mount_layer(spec: dict[str, Any]) -> None:
+    """A tmpfs of its own for a generation's writable layer, in a mount namespace of
+    its own (bwrap starts in it): ``size`` and ``nr_inodes`` bound what the sandbox can
+    write, and the memory goes back when the last process of the generation ends, with
+    nothing to delete. Unprivileged, the mount namespace needs a user namespace of its
+    own (mapping this user to itself); bwrap's then nests inside it."""
+    uid, gid = os.getuid(), os.getgid()
+    if os.geteuid() == 0:
+        _check(_unshare(CLONE_NEWNS), "unshare mount namespace")
+    else:
+        _check(_unshare(CLONE_NEWUSER | CLONE_NEWNS), "unshare user+mount namespace")
+        for name, text in (("setgroups", "deny"), ("uid_map", f"{uid} {uid} 1"),
+                           ("gid_map", f"{gid} {gid} 1")):
+            with open(f"/proc/self/{name}", "w") as f:
+                f.write(text)
+    _check(_mount(b"none", b"/", None, MS_REC | MS_PRIVATE, None), "make mounts private")
+    path = spec["path"]
+    os.mkdir(path, 0o755)
+    owner = spec.get("owner") or [uid, gid]
+    options = (f"size={spec['size']},nr_inodes={spec['inodes']},mode=0755,"
+               f"uid={owner[0]},gid={owner[1]}")
+    _check(_mount(b"tmpfs", path.encode(), b"tmpfs", MS_NOSUID | MS_NODEV, options.encode()),
+           f"mount a tmpfs on {path}")
+
+
+def _enter_cgroup(plan: dict[str, Any]) -> None:
+    """Make a generation's cgroup, write its limits, move this process into it (see
+    ``cgroups.py``): what this process starts, the sandbox, runs under those limits."""
+    for path in plan["dirs"]:
+        try:
+            os.mkdir(path, 0o755)
+        except FileExistsError:
+            pass
+    for path, value in plan["writes"]:
+        with open(path, "w") as f:
+            f.write(value)
+    _join_cgroup(plan["procs"])
+
+
+def _join_cgroup(procs: list[str]) -> None:
+    for path in procs:
+        with open(path, "w") as f:
+            f.write(str(os.getpid()))
+
+
 def _enter(req: dict[str, Any], channel: int) -> None:
     """C1: join the sandbox, create its pid namespace, fork the agent as its init."""
+    if req.get("cgroup_procs"):  # before leaving the host's mount namespace
+        _join_cgroup(req["cgroup_procs"])
     base = f"/proc/{req['holder']}"
     mnt = os.open(f"{base}/ns/mnt", os.O_RDONLY | os.O_CLOEXEC)
     others = [
@@ -729,6 +800,10 @@ class Helper:
                 return
             finally:
                 _close(*stdio)
+            try:
+                os.sched_setscheduler(pid, os.SCHED_IDLE, IDLE)
+            except OSError:
+                pass  # it has already ended
             _write(status, f"S {pid}")
             self.watch(req["id"], pid, status)
         finally:

@@ -40,7 +40,7 @@ from rollbox.sandbox import (
     Snapshot,
     resolve_path,
 )
-from rollbox.spec import MiB, Network, SandboxSpec
+from rollbox.spec import MiB, Network, Resources, SandboxSpec
 
 from rollbox_local.execution import Execution
 from rollbox_local.fileops import FileOps
@@ -52,7 +52,6 @@ if TYPE_CHECKING:
     from rollbox_local.backend import LocalBackend
     from rollbox_local.images import Image
 
-KILL_GRACE_S = 2.0
 STANDBY_DELAY_S = 0.005
 RETIRE_DELAY_S = 0.05
 """How long a reset lets the old generation of a sandbox without network live on.
@@ -80,7 +79,8 @@ class LocalSandbox(Sandbox):
         self.image = image
         self.directory = directory
         self.lowers = lowers
-        self.rlimits = _rlimits(spec)
+        self.resources = backend.resources_for(spec)
+        self.rlimits = _rlimits(self.resources, memory_by_cgroup=backend.cgroups is not None)
         self._current: Generation | None = None
         self._standby: asyncio.Task[Generation] | None = None
         self._numbers = itertools.count()
@@ -268,10 +268,14 @@ class LocalSandbox(Sandbox):
         )
 
     async def _kill(self, ex: Execution) -> None:
-        """Kill the command's whole tree; if the agent does not manage, the sandbox goes."""
+        """Kill the command's whole tree; if the agent does not manage, the sandbox goes.
+
+        The agent gets ``timeouts.reset_s`` to confirm: on a host short of CPU a
+        sandbox's helper may wait seconds for a turn, and a sandbox that is merely slow
+        is not lost. Only a helper kept stopped by its own command runs out the time."""
         if self._tell({"op": "kill", "id": ex.request_id}):
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(asyncio.shield(ex.ended), KILL_GRACE_S)
+                await asyncio.wait_for(asyncio.shield(ex.ended), self.spec.timeouts.reset_s)
             if ex.status.killed or ex.status.exit_code is not None:
                 return
         if self._current is not None:  # could not kill the tree: drop the whole sandbox
@@ -314,7 +318,7 @@ class LocalSandbox(Sandbox):
 
     @property
     def file_limit_bytes(self) -> int:
-        return self.spec.resources.file_size_mb * MiB
+        return (self.resources.file_size_mb or 0) * MiB
 
     async def agent_for_io(self) -> AgentChannel:
         return await self._agent()
@@ -369,14 +373,32 @@ class LocalSandbox(Sandbox):
         """A frozen copy of the writable layer. The sandbox's processes are stopped
         while it is copied, so they cannot change (or swap symlinks into) what is read."""
         generation = self._live()
-        await self._freeze(True)
+        await self._freeze(generation, True)
         try:
             return await self.backend.snapshot_of(self, generation)
         finally:
             with contextlib.suppress(SandboxError):
-                await self._freeze(False)
+                await self._freeze(generation, False)
 
-    async def _freeze(self, stop: bool) -> None:
+    async def _freeze(self, generation: Generation, stop: bool) -> None:
+        """Through the generation's cgroup freezer where there is one, else by the
+        agent stopping every process of the sandbox."""
+        cgroups = self.backend.cgroups
+        if cgroups is not None and generation.cgroup is not None:
+            try:
+                done = await asyncio.to_thread(cgroups.freeze, generation.cgroup, stop)
+            except OSError as exc:
+                done, why = False, exc.strerror
+            else:
+                why = "the kernel did not report it done"
+            if not done:
+                raise SnapshotFailedError(
+                    f"could not {'freeze' if stop else 'thaw'} sandbox {self.id}: {why}",
+                    sandbox_id=self.id)
+            return
+        await self._freeze_by_agent(stop)
+
+    async def _freeze_by_agent(self, stop: bool) -> None:
         agent = await self._agent()
         st_r, st_w = os.pipe2(os.O_CLOEXEC)
         try:
@@ -456,15 +478,19 @@ class LocalProcess(Process):
         return self._code
 
 
-def _rlimits(spec: SandboxSpec) -> list[tuple[int, int, int]]:
-    r = spec.resources
+def _rlimits(r: Resources, *, memory_by_cgroup: bool) -> list[tuple[int, int, int]]:
+    """Per-process limits. Memory is per process (RLIMIT_AS) only where no cgroup holds
+    the sandbox as a whole: address space is not memory, and runtimes that reserve
+    much of it (Go, the JVM, V8) fail under an RLIMIT_AS they would never fill."""
+    assert r.pids is not None and r.file_size_mb is not None and r.memory_mb is not None
     limits = [
         (resource.RLIMIT_NPROC, r.pids, r.pids),
-        (resource.RLIMIT_AS, r.memory_mb * MiB, r.memory_mb * MiB),
         (resource.RLIMIT_FSIZE, r.file_size_mb * MiB, r.file_size_mb * MiB),
         (resource.RLIMIT_NOFILE, 4096, 4096),
         (resource.RLIMIT_CORE, 0, 0),
     ]
+    if not memory_by_cgroup:
+        limits.append((resource.RLIMIT_AS, r.memory_mb * MiB, r.memory_mb * MiB))
     if r.cpu_seconds is not None:
         limits.append((resource.RLIMIT_CPU, r.cpu_seconds, r.cpu_seconds))
     return limits
