@@ -29,7 +29,7 @@ TASKS = [Task(id=f"t{i}", spec=SandboxSpec()) for i in range(2)]
 
 
 def test_no_import_cost_without_use() -> None:
-    code = ("import sys, rollbox.metrics_export, rollbox.runner, rollbox.bench_cli;"
+    code = ("import sys, rollbox.metrics_export, rollbox.runner, rollbox_bench.cli;"
             "print(any(m in sys.modules for m in "
             "('prometheus_client', 'opentelemetry', 'matplotlib')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,

@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from rollbox.paths import default_home
-from rollbox.synthetic import SyntheticSource
 from rollbox.testing import FakeBackend
+from rollbox_bench.synthetic import SyntheticSource
 
 from rollbox_gymnasium.core_tasks import CoreTaskSource
 
