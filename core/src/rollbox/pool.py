@@ -29,7 +29,6 @@ from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from enum import Enum
-from pathlib import Path
 from typing import ClassVar
 
 from rollbox.backend import Backend, creating_ahead_of_need
@@ -44,8 +43,9 @@ from rollbox.errors import (
 )
 from rollbox.metrics import Metrics
 from rollbox.ratelimit import TokenBucket
-from rollbox.sandbox import ExecRequest, ExecResult, Process, Sandbox, Snapshot
+from rollbox.sandbox import ExecRequest, ExecResult, Sandbox
 from rollbox.spec import SandboxSpec
+from rollbox.wrappers import SandboxWrapper
 
 FailureObserver = Callable[[SandboxError, SandboxSpec], None]
 
@@ -485,16 +485,17 @@ class Lease:
         await self.pool.release(self, outcome)
 
 
-class MeteredSandbox(Sandbox):
-    """A leased sandbox: delegates to the real one and reports timings to the pool."""
+class MeteredSandbox(SandboxWrapper[Sandbox]):
+    """A leased sandbox: forwards to the real one and reports timings to the pool."""
 
     def __init__(self, lease: Lease) -> None:
-        super().__init__(lease.raw.id, lease.spec)
         self._lease = lease
         self._first = True
+        super().__init__(lease.raw)
+        self.spec = lease.spec
 
     @property
-    def _inner(self) -> Sandbox:
+    def inner(self) -> Sandbox:
         if self._lease.released:
             raise SandboxLostError(
                 f"lease on sandbox {self.id} was released; acquire a new one", sandbox_id=self.id
@@ -502,7 +503,7 @@ class MeteredSandbox(Sandbox):
         return self._lease.raw
 
     async def run(self, request: ExecRequest) -> ExecResult:
-        inner = self._inner
+        inner = self.inner
         metrics = self._lease.pool.metrics
         loop = asyncio.get_running_loop()
         started = loop.time()
@@ -514,33 +515,6 @@ class MeteredSandbox(Sandbox):
             if self._first:
                 self._first = False
                 metrics.observe("ttfc", now - self._lease.requested)
-
-    async def start(self, request: ExecRequest) -> Process:
-        return await self._inner.start(request)
-
-    async def read_file(self, path: str) -> bytes:
-        return await self._inner.read_file(path)
-
-    async def write_file(self, path: str, data: bytes, *, mode: int = 0o644) -> None:
-        await self._inner.write_file(path, data, mode=mode)
-
-    async def upload(self, local: str | Path, remote: str) -> None:
-        await self._inner.upload(local, remote)
-
-    async def download(self, remote: str, local: str | Path) -> None:
-        await self._inner.download(remote, local)
-
-    async def reset(self) -> None:
-        await self._inner.reset()
-
-    async def snapshot(self) -> Snapshot:
-        return await self._inner.snapshot()
-
-    async def ping(self) -> bool:
-        return await self._inner.ping()
-
-    async def prepare(self) -> None:
-        await self._inner.prepare()
 
     async def close(self) -> None:
         """Closing a leased sandbox gives it back as broken."""
