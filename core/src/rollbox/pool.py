@@ -29,7 +29,7 @@ from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from enum import Enum
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 from rollbox.backend import Backend, creating_ahead_of_need
 from rollbox.errors import (
@@ -42,10 +42,14 @@ from rollbox.errors import (
     SandboxLostError,
 )
 from rollbox.metrics import Metrics
+from rollbox.plugins import notify
 from rollbox.ratelimit import TokenBucket
 from rollbox.sandbox import ExecRequest, ExecResult, Sandbox
 from rollbox.spec import SandboxSpec
 from rollbox.wrappers import SandboxWrapper
+
+if TYPE_CHECKING:
+    import pluggy
 
 FailureObserver = Callable[[SandboxError, SandboxSpec], None]
 
@@ -145,6 +149,7 @@ class Pool:
         prepare: bool = True,
         metrics: Metrics | None = None,
         on_failure: FailureObserver | None = None,
+        plugin_manager: pluggy.PluginManager | None = None,
     ) -> None:
         self.backend = backend
         self.policy = policy or StaticPoolPolicy(size=0)
@@ -157,6 +162,10 @@ class Pool:
         can (e.g. thousands held in reserve) at the cost of a slower first command."""
         self.metrics = metrics or Metrics()
         self.on_failure = on_failure
+        self.plugin_manager = plugin_manager
+        """Observers of this pool's creations and failures (``rollbox_sandbox_created``,
+        ``rollbox_sandbox_failed``) and, unless a run is given its own, of the rollouts
+        run over it (``rollbox_rollout_finished``)."""
         self.quarantined: deque[Quarantined] = deque(maxlen=1000)
         self._specs: dict[SandboxSpec, _SpecState] = {}
         self._lru: OrderedDict[Sandbox, SandboxSpec] = OrderedDict()  # idle, oldest first
@@ -354,9 +363,12 @@ class Pool:
                         self._count_failure(error, spec)
                     await self._close(sandbox)
                     raise
-            self.metrics.observe("create", loop.time() - started)
+            seconds = loop.time() - started
+            self.metrics.observe("create", seconds)
             self.metrics.count("creations")
             self.metrics.count("mutations")
+            notify(self.plugin_manager, "rollbox_sandbox_created", self.metrics,
+                   sandbox_id=sandbox.id, spec=spec, seconds=seconds)
             if self._closed:
                 await self._close(sandbox)
                 raise PoolClosedError("the pool closed while a sandbox was being created")
@@ -394,6 +406,8 @@ class Pool:
 
     def _count_failure(self, error: SandboxError, spec: SandboxSpec) -> None:
         self.metrics.failure(error)
+        notify(self.plugin_manager, "rollbox_sandbox_failed", self.metrics,
+               error=error, spec=spec)
         if self.on_failure is not None:
             self.on_failure(error, spec)
 

@@ -35,6 +35,7 @@ from rollbox.errors import (
     SandboxError,
     UsageError,
 )
+from rollbox.plugins import notify
 from rollbox.pool import Lease, Outcome, Pool
 from rollbox.results import (
     CANCELLED,
@@ -275,7 +276,7 @@ class _Runner:
         self.lookahead = 2 * concurrency if lookahead is None else max(0, lookahead)
         cap = task_parallelism or max(1, concurrency // max(1, len(tasks)))
         self.scheduler = _Scheduler(tasks, rollouts_per_task, cap)
-        self.plugin_manager = plugin_manager
+        self.plugin_manager = plugin_manager or pool.plugin_manager
         self.on_result = on_result
         self.results: dict[tuple[int, int], RolloutResult] = {}
         self.attempts: Counter[tuple[int, int]] = Counter()
@@ -440,13 +441,8 @@ class _Runner:
             self.masked.add(result.task_id)
         if self.on_result is not None:
             self.on_result(result)
-        if self.plugin_manager is not None:
-            try:
-                self.plugin_manager.hook.rollbox_rollout_finished(result=result)
-            except Exception as exc:  # observers must not break a run
-                self.pool.metrics.count("observer_errors")
-                warnings.warn(f"a rollbox_rollout_finished observer raised {exc!r}",
-                              RuntimeWarning, stacklevel=1)
+        notify(self.plugin_manager, "rollbox_rollout_finished", self.pool.metrics,
+               result=result)
 
     def _cancel_rest(self) -> None:
         """Every rollout without a result becomes a failure of kind ``cancelled``."""
