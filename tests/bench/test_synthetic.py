@@ -8,10 +8,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from rollbox.envs import TaskSource, open_task_source
 from rollbox.errors import UsageError
 from rollbox.pool import Pool
 from rollbox.runner import run_rollouts
-from rollbox.tasks import TaskSource, open_task_source
 from rollbox_bench.synthetic import REPO, Problem, SyntheticSource
 
 

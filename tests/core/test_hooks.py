@@ -13,6 +13,7 @@ import pytest
 from rollbox import hookspecs
 from rollbox.backend import Backend
 from rollbox.cli_commands import Command
+from rollbox.envs import Task, open_task_source
 from rollbox.errors import CreateFailedError, SandboxError
 from rollbox.hookspecs import hookimpl
 from rollbox.plugins import backend_class, commands, get_plugin_manager, pool_policies
@@ -21,7 +22,6 @@ from rollbox.results import RolloutOutput, RolloutResult
 from rollbox.runner import run_rollouts
 from rollbox.sandbox import Sandbox
 from rollbox.spec import SandboxSpec
-from rollbox.tasks import Task, open_task_source
 from rollbox.testing.fake import FakeBackend
 
 TESTED = {

@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 import pytest
+from rollbox.envs import Task
 from rollbox.errors import MissingExtraError
 from rollbox.metrics_export import OtelSpans, PrometheusExporter
 from rollbox.plugins import get_plugin_manager
@@ -14,7 +15,6 @@ from rollbox.results import RolloutOutput
 from rollbox.runner import run_rollouts
 from rollbox.sandbox import Sandbox
 from rollbox.spec import SandboxSpec
-from rollbox.tasks import Task
 from rollbox.testing.fake import FakeBackend
 
 

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import pytest
 from rollbox import Pool, SandboxSpec
+from rollbox.envs import Task
 from rollbox.metrics_export import OtelSpans, PrometheusExporter
 from rollbox.plugins import get_plugin_manager
 from rollbox.results import RolloutOutput
 from rollbox.runner import RetryPolicy, run_rollouts
 from rollbox.sandbox import Sandbox
-from rollbox.tasks import Task
 from rollbox_local import LocalBackend
 
 pytest.importorskip("prometheus_client")

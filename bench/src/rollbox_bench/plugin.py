@@ -1,5 +1,5 @@
 """What the bench registers through rollbox's hook specification: the ``bench`` command
-and the ``synthetic`` task source."""
+and the environments rollbox ships, ``shell`` and ``synthetic``."""
 
 from __future__ import annotations
 
@@ -8,12 +8,14 @@ from collections.abc import Callable
 from rollbox.cli_commands import Command
 from rollbox.hookspecs import hookimpl
 
-from rollbox_bench.synthetic import SyntheticSource
+from rollbox_bench.shell import ShellTaskSource
+from rollbox_bench.synthetic import synthetic_source
 
 
 @hookimpl
 def rollbox_register_tasks(register: Callable[[str, object], None]) -> None:
-    register(SyntheticSource.name, SyntheticSource)
+    register(ShellTaskSource.name, ShellTaskSource)
+    register("synthetic", synthetic_source)
 
 
 @hookimpl

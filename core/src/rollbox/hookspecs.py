@@ -55,11 +55,12 @@ def rollbox_register_pool_policies(register: Callable[[str, type[object]], None]
 
 @hookspec
 def rollbox_register_tasks(register: Callable[[str, object], None]) -> None:
-    """Register task sources (custom environments) by name.
+    """Register environments: task sources, by name.
 
-    Called once per plugin manager, when task sources are first looked up.
-    ``register(name, task_source_factory)``; see ``rollbox.tasks`` for the protocol.
-    Returns nothing.
+    Called each time task sources are looked up (``rollbox.envs.open_task_source``,
+    the Gymnasium adapter's env ids). ``register(name, factory)``; ``factory(**options)``
+    returns a ``rollbox.envs.TaskSource`` whose tasks are ``rollbox.envs.Task``. A name
+    registered twice is a PluginError. Returns nothing.
     """
 
 
