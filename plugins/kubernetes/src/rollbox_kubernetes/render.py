@@ -96,7 +96,8 @@ def container_env(spec: SandboxSpec) -> dict[str, str]:
 
 
 def _resources(spec: SandboxSpec) -> Obj:
-    res = spec.resources
+    res = spec.resources.or_defaults()
+    assert res.cpus is not None
     cpu = f"{math.ceil(res.cpus * 1000)}m"
     amounts = {"cpu": cpu, "memory": f"{res.memory_mb}Mi",
                "ephemeral-storage": f"{res.disk_mb}Mi"}
