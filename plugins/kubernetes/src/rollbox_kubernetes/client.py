@@ -249,9 +249,12 @@ class KubeClient:
     async def get(self, res: Resource, namespace: str, name: str) -> Obj:
         return await self.call("get", "GET", res.path(namespace, name), idempotent=True)
 
-    async def list_objects(self, res: Resource, namespace: str, *,
-                           label_selector: str = "") -> Obj:
+    async def list_objects(self, res: Resource, namespace: str | None, *,
+                           label_selector: str = "", field_selector: str = "") -> Obj:
+        """``namespace`` None: across all namespaces."""
         query = [("labelSelector", label_selector)] if label_selector else []
+        if field_selector:
+            query.append(("fieldSelector", field_selector))
         return await self.call("list", "GET", res.path(namespace), query=query, idempotent=True)
 
     async def patch(self, res: Resource, namespace: str, name: str, patch: Obj) -> Obj:
@@ -273,11 +276,12 @@ class KubeClient:
     async def watch(
         self,
         res: Resource,
-        namespace: str,
+        namespace: str | None,
         *,
         resource_version: str,
         name: str | None = None,
         label_selector: str = "",
+        field_selector: str = "",
         server_timeout_s: int = 300,
     ) -> AsyncIterator[tuple[str, Obj]]:
         """Events after ``resource_version``, resuming from the last one seen whenever the
@@ -287,8 +291,11 @@ class KubeClient:
         while True:
             query = [("watch", "true"), ("resourceVersion", rv),
                      ("allowWatchBookmarks", "true"), ("timeoutSeconds", str(server_timeout_s))]
-            if name is not None:
-                query.append(("fieldSelector", f"metadata.name={name}"))
+            fields = [f"metadata.name={name}"] if name is not None else []
+            if field_selector:
+                fields.append(field_selector)
+            if fields:
+                query.append(("fieldSelector", ",".join(fields)))
             if label_selector:
                 query.append(("labelSelector", label_selector))
             response = await self._open_stream(res.path(namespace), query)
