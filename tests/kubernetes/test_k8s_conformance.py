@@ -13,8 +13,6 @@ emulator is not started then. See docs/kubernetes.md.
 
 from __future__ import annotations
 
-import asyncio
-import dataclasses
 import os
 import uuid
 from collections.abc import AsyncIterator
@@ -23,12 +21,11 @@ from typing import Any, ClassVar
 
 import pytest
 import pytest_asyncio
-from rollbox import Backend, Sandbox, SandboxSpec
+from rollbox import Backend, SandboxSpec
 from rollbox_conformance import BackendTests
-from rollbox_kubernetes import ApiError, KubernetesBackend
-from rollbox_kubernetes.resources import PODS
-from rollbox_kubernetes.sandbox import KubeSandbox
+from rollbox_kubernetes import KubernetesBackend
 from rollbox_kubernetes.testing import ApiServerEmulator
+from rollbox_kubernetes.testing.conformance import KubernetesHooks
 from rollbox_local import LocalBackend
 
 
@@ -47,7 +44,7 @@ CLUSTER = real_cluster()
 IMAGE = os.environ.get("ROLLBOX_K8S_IMAGE", "debian:bookworm-slim") if CLUSTER else "host"
 
 
-class TestKubernetesConformance(BackendTests):
+class TestKubernetesConformance(KubernetesHooks, BackendTests):
     spec: ClassVar[SandboxSpec] = SandboxSpec(image=IMAGE, workdir="/work")
 
     @pytest_asyncio.fixture
@@ -71,48 +68,6 @@ class TestKubernetesConformance(BackendTests):
                 yield backend
             finally:
                 await backend.aclose()
-
-
-    async def kill_sandbox(self, backend: Backend, sandbox: Sandbox) -> None:
-        """Delete the sandbox's pod at once (grace 0), as a node failure or eviction
-        would, and return when the API server no longer has that pod."""
-        assert isinstance(backend, KubernetesBackend) and isinstance(sandbox, KubeSandbox)
-        client, ns = backend.client, backend.options.namespace
-        uid = (await client.get(PODS, ns, sandbox.pod))["metadata"]["uid"]
-        await client.call("delete", "DELETE", PODS.path(ns, sandbox.pod), idempotent=True,
-                          body={"kind": "DeleteOptions", "apiVersion": "v1",
-                                "gracePeriodSeconds": 0})
-        async with asyncio.timeout(60):
-            while True:
-                try:
-                    pod = await client.get(PODS, ns, sandbox.pod)
-                except ApiError as err:
-                    if err.status == 404:
-                        return
-                    raise
-                if pod["metadata"]["uid"] != uid:
-                    return  # a controller already made a new pod of that name
-                await asyncio.sleep(0.1)
-
-    async def inject_create_failure(self, backend: Backend) -> None:
-        """The next create asks for a node that does not exist: its pod stays
-        unschedulable, which the backend reports as CreateFailedError. Later creates
-        use the backend's own options again."""
-        assert isinstance(backend, KubernetesBackend)
-        original = backend.create
-
-        async def unschedulable_once(spec: SandboxSpec) -> KubeSandbox:
-            backend.create = original  # type: ignore[method-assign]
-            options, grace = backend.options, backend.unschedulable_grace_s
-            backend.options = dataclasses.replace(
-                options, node_selector={"rollbox.dev/conformance": "no-such-node"})
-            backend.unschedulable_grace_s = 0.0
-            try:
-                return await original(spec)
-            finally:
-                backend.options, backend.unschedulable_grace_s = options, grace
-
-        backend.create = unschedulable_once  # type: ignore[method-assign]
 
 
 @pytest.mark.slow

