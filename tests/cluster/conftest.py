@@ -5,38 +5,15 @@ rollbox's labels behind: ``no_leftovers`` checks after each one."""
 from __future__ import annotations
 
 import asyncio
-import json
-import subprocess
+import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import pytest
+from cluster_support import BackendFactory, rollbox_objects
 from rollbox_kubernetes import KubernetesBackend
-from rollbox_kubernetes.resources import LABEL_MANAGED, MANAGED_BY
-from rollbox_kubernetes.testing.controlplane import find_kubectl
 from rollbox_kubernetes.testing.fixtures import ClusterAccess
-
-KINDS = ("sandboxclaims", "sandboxes", "sandboxwarmpools", "sandboxtemplates",
-         "networkpolicies", "pods")
-BackendFactory = Callable[..., KubernetesBackend]
-
-
-def kubectl(cluster: ClusterAccess, *args: str, input: bytes | None = None,
-            check: bool = True) -> subprocess.CompletedProcess[bytes]:
-    result = subprocess.run([find_kubectl(), "--kubeconfig", cluster.kubeconfig,
-                             "-n", cluster.namespace, *args], input=input,
-                            capture_output=True, timeout=120)
-    if check and result.returncode != 0:
-        raise AssertionError(f"kubectl {' '.join(args)}: {result.stderr.decode()}")
-    return result
-
-
-def rollbox_objects(cluster: ClusterAccess, selector: str = f"{LABEL_MANAGED}={MANAGED_BY}"
-                    ) -> list[str]:
-    out = kubectl(cluster, "get", ",".join(KINDS), "-l", selector, "-o", "json")
-    items: list[dict[str, Any]] = json.loads(out.stdout)["items"]
-    return sorted(f"{i['kind']}/{i['metadata']['name']}" for i in items)
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -49,7 +26,7 @@ def no_leftovers(k8s_cluster: ClusterAccess) -> Iterator[None]:
         left = rollbox_objects(k8s_cluster)
         if not left:
             return
-        subprocess.run(["sleep", "0.2"], check=True)
+        time.sleep(0.2)
     pytest.fail(f"objects with rollbox's labels left behind: {left}")
 
 

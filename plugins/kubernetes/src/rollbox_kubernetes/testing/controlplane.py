@@ -50,6 +50,7 @@ NAMESPACE = "rollbox-test"
 COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok",
               "agent-sandbox-controller", "node-agent")
 CONTROLLER_USER = "agent-sandbox-controller"
+THROTTLED_USER = "rollbox-throttled"
 SERVICE_CIDR = "127.96.0.0/16"
 
 
@@ -190,6 +191,9 @@ class ControlPlane:
             "kwok": User("kwok-controller", ("system:masters",)),
             "node-agent": User("rollbox-node-agent", ("system:masters",)),
             "agent-sandbox-controller": User(CONTROLLER_USER),
+            # cluster-admin but not system:masters, so API Priority and Fairness applies
+            # (system:masters is exempt): tests give it a tiny priority level.
+            "throttled": User(THROTTLED_USER),
         }
         self.processes: dict[str, Process] = {}
         self.pki: Pki | None = None
@@ -469,6 +473,13 @@ class ControlPlane:
             "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User",
                           "name": CONTROLLER_USER}],
         } for role in ("agent-sandbox-controller", "agent-sandbox-controller-extensions")]
+        bindings.append({
+            "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+            "metadata": {"name": "rollbox-test-throttled"},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                        "name": "cluster-admin"},
+            "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User",
+                          "name": THROTTLED_USER}]})
         namespace = {"apiVersion": "v1", "kind": "Namespace",
                      "metadata": {"name": self.namespace}}
         body = json.dumps({"apiVersion": "v1", "kind": "List",
