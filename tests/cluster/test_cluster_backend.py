@@ -154,7 +154,7 @@ async def test_the_api_servers_own_429s_are_waited_out(
     """API Priority and Fairness with two seats for one user and no queue: a burst is
     answered 429 with Retry-After by the real API server; every create still succeeds."""
     plane = k8s_cluster.require_plane()
-    user = plane.users["throttled"]
+    user = plane.users["workload"]
     apf = [{"apiVersion": "flowcontrol.apiserver.k8s.io/v1",
             "kind": "PriorityLevelConfiguration", "metadata": {"name": "rollbox-tiny"},
             "spec": {"type": "Limited", "limited": {
@@ -171,7 +171,7 @@ async def test_the_api_servers_own_429s_are_waited_out(
     body = json.dumps({"apiVersion": "v1", "kind": "List", "items": apf}).encode()
     kubectl(k8s_cluster, "apply", "--server-side", "-f", "-", input=body)
     try:
-        kubeconfig = plane.write_kubeconfig(tmp_path / "throttled.json", user.name,
+        kubeconfig = plane.write_kubeconfig(tmp_path / "workload.json", user.name,
                                             user.token)
         backend = make_backend(kubeconfig=str(kubeconfig), transport="exec", qps=1000,
                                burst=1000)

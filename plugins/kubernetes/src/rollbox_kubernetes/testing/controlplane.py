@@ -50,7 +50,7 @@ NAMESPACE = "rollbox-test"
 COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok",
               "agent-sandbox-controller", "node-agent")
 CONTROLLER_USER = "agent-sandbox-controller"
-THROTTLED_USER = "rollbox-throttled"
+WORKLOAD_USER = "rollbox-workload"
 SERVICE_CIDR = "127.96.0.0/16"
 
 
@@ -169,7 +169,8 @@ class ControlPlane:
                  nodes: Sequence[str] = ("rollbox-node-0",),
                  node_labels: dict[str, str] | None = None,
                  namespace: str = NAMESPACE, kubectl: str | None = None,
-                 python: str = sys.executable, apiserver_args: Sequence[str] = ()) -> None:
+                 python: str = sys.executable, apiserver_args: Sequence[str] = (),
+                 agent_args: Sequence[str] = (), audit: bool = False) -> None:
         self.bin = Path(bin_dir) / "bin"
         self.crds = Path(bin_dir) / "crds"
         self.state = Path(state_dir)
@@ -179,6 +180,9 @@ class ControlPlane:
         self.kubectl_path = kubectl or find_kubectl()
         self.python = python
         self.apiserver_args = tuple(apiserver_args)
+        self.agent_args = tuple(agent_args)
+        self.audit = audit
+        """Log every request's metadata (user, verb, resource, time) to ``audit_log``."""
         self.ports = {name: free_port() for name in
                       ("etcd", "etcd-peer", "apiserver", "kwok", "controller-probe",
                        "kubelet")}
@@ -192,8 +196,8 @@ class ControlPlane:
             "node-agent": User("rollbox-node-agent", ("system:masters",)),
             "agent-sandbox-controller": User(CONTROLLER_USER),
             # cluster-admin but not system:masters, so API Priority and Fairness applies
-            # (system:masters is exempt): tests give it a tiny priority level.
-            "throttled": User(THROTTLED_USER),
+            # to it as to any workload (system:masters is exempt).
+            "workload": User(WORKLOAD_USER),
         }
         self.processes: dict[str, Process] = {}
         self.pki: Pki | None = None
@@ -212,6 +216,17 @@ class ControlPlane:
     @property
     def logs(self) -> Path:
         return self.state / "logs"
+
+    @property
+    def audit_log(self) -> Path:
+        return self.logs / "audit.jsonl"
+
+    def cpu_seconds(self, name: str) -> float:
+        """User + system CPU time ``name`` has used so far (its own process)."""
+        process = self.processes[name]
+        assert process.popen is not None
+        fields = Path(f"/proc/{process.popen.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
     def write_kubeconfig(self, path: Path, user: str, token: str) -> Path:
         """A kubeconfig for ``token`` (JSON, which is YAML too)."""
@@ -359,7 +374,7 @@ class ControlPlane:
                     # Pod exec's WebSocket goes straight to nodes declaring
                     # ExtendWebSocketsToKubelet (the node agent's do).
                     "--feature-gates=NodeDeclaredFeatures=true",
-                    "--profiling=false", *self.apiserver_args]
+                    "--profiling=false", *self._audit_args(), *self.apiserver_args]
         if name == "kube-controller-manager":
             return [str(self.bin / name), f"--kubeconfig={kc}", "--leader-elect=false",
                     "--bind-address=127.0.0.1", "--secure-port=0",
@@ -394,8 +409,20 @@ class ControlPlane:
                     f"--state-dir={state}"]
             argv += [f"--node={n}" for n in self.nodes]
             argv += [f"--node-label={k}={v}" for k, v in self.node_labels.items()]
-            return argv
+            return [*argv, *self.agent_args]
         raise ValueError(f"unknown component {name!r}")
+
+    def _audit_args(self) -> list[str]:
+        if not self.audit:
+            return []
+        policy = self.state / "audit-policy.yaml"
+        policy.write_text(json.dumps({
+            "apiVersion": "audit.k8s.io/v1", "kind": "Policy",
+            "omitStages": ["RequestReceived", "ResponseStarted"],
+            "rules": [{"level": "Metadata"}]}))
+        return [f"--audit-policy-file={policy}", f"--audit-log-path={self.audit_log}",
+                "--audit-log-format=json", "--audit-log-maxsize=0",
+                "--audit-log-mode=batch"]
 
     def _launch(self, name: str) -> None:
         env = None
@@ -475,11 +502,11 @@ class ControlPlane:
         } for role in ("agent-sandbox-controller", "agent-sandbox-controller-extensions")]
         bindings.append({
             "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
-            "metadata": {"name": "rollbox-test-throttled"},
+            "metadata": {"name": "rollbox-test-workload"},
             "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
                         "name": "cluster-admin"},
             "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User",
-                          "name": THROTTLED_USER}]})
+                          "name": WORKLOAD_USER}]})
         namespace = {"apiVersion": "v1", "kind": "Namespace",
                      "metadata": {"name": self.namespace}}
         body = json.dumps({"apiVersion": "v1", "kind": "List",
