@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Build (or reuse) the binaries of the test control plane from Go modules, pinned in versions.env:
 # kube-apiserver, kube-controller-manager, kube-scheduler, etcd, kwok and the agent-sandbox
-# controller, plus agent-sandbox's CRDs. Prints the directory that holds them.
+# controller, plus agent-sandbox's CRDs and the controller's ClusterRoles from the same module
+# version. Prints the directory that holds them (bin/, crds/, rbac/).
 #
 # Kubernetes and etcd cannot be `go install`ed (their go.mod replaces staging modules by local
 # paths), so each is built from a small wrapper module that requires it and replaces every staging
@@ -31,18 +32,31 @@ export GOMODCACHE="$out/go/mod" GOCACHE="$out/go/build" CGO_ENABLED=0 GOFLAGS=-m
 log() { printf '%s build.sh: %s\n' "$(date +%T)" "$*" >&2; }
 nice_go() { nice -n 19 go "$@"; }
 
-# wrapper DIR MODULE@VERSION STAGING_PREFIX STAGING_VERSION: a module requiring MODULE whose
-# staging requirements (every STAGING_PREFIX* module the dependency replaces by a local path)
-# are replaced by STAGING_VERSION.
+# wrapper DIR MODULE@VERSION [STAGING_PREFIX STAGING_VERSION]: a module requiring MODULE,
+# whose staging requirements (every STAGING_PREFIX* module the dependency replaces by a local
+# path) are replaced by STAGING_VERSION. (Plain `go install module@version` would also do
+# for modules without such replaces, but it asks the proxy for the module's version list,
+# which the proxy here refuses for agent-sandbox.)
 wrapper() {
-    local dir=$1 dep=$2 prefix=$3 staged=$4
+    local dir=$1 dep=$2 prefix=${3:-} staged=${4:-}
     rm -rf "$dir" && mkdir -p "$dir" && cd "$dir"
     go mod init rollbox.test/"$(basename "$dir")" >/dev/null 2>&1
-    local gomod
-    gomod=$(go mod download -json "$dep" | sed -n 's/^\t"GoMod": "\(.*\)",$/\1/p')
-    sed -n "s#^\t\($prefix[^ ]*\) => \./.*#\1#p; s#^\t\($prefix[^ ]*\) => \.\./.*#\1#p" "$gomod" |
-        while read -r m; do go mod edit -replace "$m=$m@$staged"; done
+    if [[ -n "$prefix" ]]; then
+        local gomod
+        gomod=$(go mod download -json "$dep" | sed -n 's/^\t"GoMod": "\(.*\)",$/\1/p')
+        sed -n "s#^\t\($prefix[^ ]*\) => \./.*#\1#p; s#^\t\($prefix[^ ]*\) => \.\./.*#\1#p" \
+            "$gomod" | while read -r m; do go mod edit -replace "$m=$m@$staged"; done
+    fi
     go mod edit -require "$dep"
+}
+
+# build DIR PACKAGE NAME: build PACKAGE of DIR's wrapper into bin/NAME.
+build() {
+    cd "$1"
+    go mod edit -tool "$2"
+    nice_go mod tidy >&2
+    nice_go build -trimpath -ldflags "-s -w" -o "$out/bin/$3.tmp" "$2"
+    mv "$out/bin/$3.tmp" "$out/bin/$3"
 }
 
 start=$SECONDS
@@ -64,23 +78,23 @@ fi
 if [[ ! -x "$out/bin/etcd" ]]; then
     log "etcd $ETCD_VERSION"
     wrapper "$out/go/src/etcd" "go.etcd.io/etcd/server/v3@$ETCD_VERSION" "go.etcd.io/etcd/" "$ETCD_VERSION"
-    go mod edit -tool go.etcd.io/etcd/server/v3
-    nice_go mod tidy >&2
-    nice_go build -trimpath -ldflags "-s -w" -o "$out/bin/etcd.tmp" go.etcd.io/etcd/server/v3
-    mv "$out/bin/etcd.tmp" "$out/bin/etcd"
+    build "$out/go/src/etcd" go.etcd.io/etcd/server/v3 etcd
     log "etcd done after $((SECONDS - start)) s"
 fi
 if [[ ! -x "$out/bin/kwok" ]]; then
     log "kwok $KWOK_VERSION"
-    GOBIN="$out/bin" nice_go install -trimpath -ldflags "-s -w" "sigs.k8s.io/kwok/cmd/kwok@$KWOK_VERSION"
+    wrapper "$out/go/src/kwok" "sigs.k8s.io/kwok@$KWOK_VERSION"
+    build "$out/go/src/kwok" sigs.k8s.io/kwok/cmd/kwok kwok
     log "kwok done after $((SECONDS - start)) s"
 fi
 if [[ ! -x "$out/bin/agent-sandbox-controller" || ! -f "$out/crds/.complete" ]]; then
     log "agent-sandbox $AGENT_SANDBOX_VERSION"
-    GOBIN="$out/bin" nice_go install -trimpath -ldflags "-s -w" \
-        "sigs.k8s.io/agent-sandbox/cmd/agent-sandbox-controller@$AGENT_SANDBOX_VERSION"
+    wrapper "$out/go/src/agent-sandbox" "sigs.k8s.io/agent-sandbox@$AGENT_SANDBOX_VERSION"
+    build "$out/go/src/agent-sandbox" sigs.k8s.io/agent-sandbox/cmd/agent-sandbox-controller \
+        agent-sandbox-controller
     src=$(go mod download -json "sigs.k8s.io/agent-sandbox@$AGENT_SANDBOX_VERSION" | sed -n 's/^\t"Dir": "\(.*\)",$/\1/p')
     install -m 0644 "$src"/k8s/crds/*.yaml "$out/crds/"
+    mkdir -p "$out/rbac" && install -m 0644 "$src"/k8s/*rbac*.yaml "$out/rbac/"
     touch "$out/crds/.complete"
     log "agent-sandbox done after $((SECONDS - start)) s"
 fi

@@ -173,6 +173,7 @@ class ControlPlane:
                  agent_args: Sequence[str] = (), audit: bool = False) -> None:
         self.bin = Path(bin_dir) / "bin"
         self.crds = Path(bin_dir) / "crds"
+        self.rbac = Path(bin_dir) / "rbac"
         self.state = Path(state_dir)
         self.nodes = tuple(nodes)
         self.node_labels = dict(node_labels or {})
@@ -374,6 +375,8 @@ class ControlPlane:
                     # Pod exec's WebSocket goes straight to nodes declaring
                     # ExtendWebSocketsToKubelet (the node agent's do).
                     "--feature-gates=NodeDeclaredFeatures=true",
+                    # the `kubernetes` Service cannot have loopback endpoints: none
+                    "--endpoint-reconciler-type=none",
                     "--profiling=false", *self._audit_args(), *self.apiserver_args]
         if name == "kube-controller-manager":
             return [str(self.bin / name), f"--kubeconfig={kc}", "--leader-elect=false",
@@ -394,7 +397,8 @@ class ControlPlane:
                     f"--cidr={self.pod_cidr}",
                     f"--server-address=127.0.0.1:{p['kwok']}"]
         if name == "agent-sandbox-controller":
-            return [str(self.bin / name), f"--kubeconfig={kc}", "--extensions",
+            # its kubeconfig comes from $KUBECONFIG (controller-runtime)
+            return [str(self.bin / name), "--extensions",
                     "--leader-elect=false", "--enable-webhook=false",
                     "--manage-webhook-certs=false", "--metrics-bind-address=0",
                     f"--health-probe-bind-address=127.0.0.1:{p['controller-probe']}"]
@@ -428,6 +432,8 @@ class ControlPlane:
         env = None
         if name == "node-agent":
             env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        elif name == "agent-sandbox-controller":
+            env = {**os.environ, "KUBECONFIG": str(self._kubeconfig_of(name))}
         process = Process(name, self._argv(name), self.logs / f"{name}.log", env=env)
         process.start()
         self.processes[name] = process
@@ -487,11 +493,8 @@ class ControlPlane:
     def _bootstrap(self, deadline: float) -> None:
         """CRDs (server-side apply: the Sandbox CRD is too big for a client-side one),
         the controller's upstream ClusterRoles bound to its user, the test namespace."""
-        for crd in sorted(self.crds.glob("*.yaml")):
-            if "rbac" not in crd.name:
-                self.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(crd))
-        for rbac in sorted(self.crds.glob("*rbac*.yaml")):
-            self.kubectl("apply", "--server-side", "-f", str(rbac))
+        self.kubectl("apply", "--server-side", "-f", str(self.crds))
+        self.kubectl("apply", "--server-side", "-f", str(self.rbac))
         bindings = [{
             "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
             "metadata": {"name": f"rollbox-test-{role}"},
