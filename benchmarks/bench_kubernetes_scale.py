@@ -38,6 +38,7 @@ import contextlib
 import json
 import os
 import shutil
+import socket
 import subprocess
 import tempfile
 import time
@@ -118,6 +119,25 @@ async def run_rollbox(arm: str, plane: ControlPlane, kubeconfig: str,
             "accounted": report.accounted, "ready_s": ready}
 
 
+@contextlib.contextmanager
+def loopback_names_only() -> Iterator[None]:
+    """The SDK falls back to ``<sandbox>.<ns>.svc.cluster.local`` when a Sandbox shows no
+    pod IP; looking that up would ask the host's resolver, off this machine. Refuse such
+    names here instead (the rollout then fails and is counted)."""
+    real = socket.getaddrinfo
+
+    def guarded(host: Any, *args: Any, **kwargs: Any) -> Any:
+        if isinstance(host, str) and host.endswith(".cluster.local"):
+            raise socket.gaierror(f"{host}: not resolved by this benchmark (loopback only)")
+        return real(host, *args, **kwargs)
+
+    socket.getaddrinfo = guarded
+    try:
+        yield
+    finally:
+        socket.getaddrinfo = real
+
+
 def run_sdk(plane: ControlPlane, kubeconfig: str, args: argparse.Namespace) -> dict[str, Any]:
     from k8s_agent_sandbox import SandboxClient
     from k8s_agent_sandbox.models import SandboxInClusterConnectionConfig
@@ -161,7 +181,8 @@ def run_sdk(plane: ControlPlane, kubeconfig: str, args: argparse.Namespace) -> d
                 sandbox.terminate()
 
     n = args.tasks * args.rollouts
-    with concurrent.futures.ThreadPoolExecutor(args.concurrency) as threads:
+    with loopback_names_only(), \
+            concurrent.futures.ThreadPoolExecutor(args.concurrency) as threads:
         outcomes = list(threads.map(rollout, range(n)))
     plane.kubectl("delete", "-n", plane.namespace, f"sandboxwarmpool/{pool_name}",
                   f"sandboxtemplate/{pool_name}", "--wait=false")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 from collections.abc import Callable
 from typing import Any
@@ -12,6 +13,10 @@ from rollbox_kubernetes.resources import LABEL_MANAGED, MANAGED_BY
 from rollbox_kubernetes.testing.controlplane import find_kubectl
 from rollbox_kubernetes.testing.fixtures import ClusterAccess
 
+# The test cluster's node agent runs "host" over the host's system directories; another
+# cluster (ROLLBOX_K8S_KUBECONFIG) pulls ROLLBOX_K8S_IMAGE.
+IMAGE = (os.environ.get("ROLLBOX_K8S_IMAGE", "debian:bookworm-slim")
+         if os.environ.get("ROLLBOX_K8S_KUBECONFIG") else "host")
 KINDS = ("sandboxclaims", "sandboxes", "sandboxwarmpools", "sandboxtemplates",
          "networkpolicies", "pods")
 BackendFactory = Callable[..., KubernetesBackend]

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 import yaml
-from cluster_support import BackendFactory, kubectl, rollbox_objects
+from cluster_support import IMAGE, BackendFactory, kubectl, rollbox_objects
 from rollbox import Pool, StaticPoolPolicy
 from rollbox.errors import SandboxLostError
 from rollbox.spec import SandboxSpec, Timeouts
@@ -28,7 +28,7 @@ from rollbox_kubernetes.testing.conformance import ClaimingBackend
 from rollbox_kubernetes.testing.fixtures import ClusterAccess
 
 pytestmark = pytest.mark.slow
-SPEC = SandboxSpec(image="host", workdir="/work", timeouts=Timeouts(create_s=60))
+SPEC = SandboxSpec(image=IMAGE, workdir="/work", timeouts=Timeouts(create_s=60))
 
 
 def rollbox_cli(*argv: str) -> subprocess.CompletedProcess[str]:
@@ -101,7 +101,7 @@ async def test_preflight_and_a_run_with_only_the_rendered_role(
         assert "[FAIL]" not in checked.stdout and "ready for rollbox" in checked.stdout
         # the Role is enough for every path: direct Sandbox (with its deny-all policy),
         # a warm pool and its claims, pod exec and the HTTP runtime
-        for backend in (make_backend(kubeconfig=kubeconfig, transport="http"),
+        for backend in (make_backend(kubeconfig=kubeconfig, transport=k8s_cluster.transport),
                         make_backend(ClaimingBackend, kubeconfig=kubeconfig,
                                      warm_pool_min=1, transport="exec")):
             async with await backend.create(SPEC) as sandbox:
@@ -186,7 +186,7 @@ async def test_the_api_servers_own_429s_are_waited_out(
 
 
 async def test_client_pacing_holds_against_the_real_server(
-        make_backend: BackendFactory) -> None:
+        k8s_cluster: ClusterAccess, make_backend: BackendFactory) -> None:
     backend = make_backend(transport="exec", qps=8, burst=4)
     sandboxes = await asyncio.gather(*(backend.create(SPEC) for _ in range(6)))
     await asyncio.gather(*(s.close() for s in sandboxes))
@@ -210,6 +210,8 @@ async def test_a_controller_restart_mid_burst_loses_no_claim(
 @pytest.mark.parametrize("transport", ["http", "exec"])
 async def test_a_pod_deleted_mid_command_is_sandbox_lost(
         k8s_cluster: ClusterAccess, make_backend: BackendFactory, transport: str) -> None:
+    if transport == "http":
+        k8s_cluster.require_http()
     backend = make_backend(transport=transport)
     sandbox = await backend.create(SPEC)
     running = asyncio.ensure_future(sandbox.exec("sleep 60", timeout=90))

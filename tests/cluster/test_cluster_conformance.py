@@ -1,7 +1,8 @@
 """The shared conformance suite on a real control plane, in each of the backend's modes,
-commands and files through the in-sandbox HTTP runtime (``transport="http"``): the node
-agent serves it at each pod's IP, backed by a real local sandbox; streaming and stdin go
-through pod exec, which the real API server hands to the node agent.
+commands and files through the in-sandbox HTTP runtime (``transport="http"``) on the test
+cluster: the node agent serves it at each pod's IP, backed by a real local sandbox;
+streaming and stdin go through pod exec, which the real API server hands to the node
+agent. On another cluster (``ROLLBOX_K8S_KUBECONFIG``) ``$ROLLBOX_K8S_TRANSPORT``.
 
 - claims: every create a SandboxClaim on the spec's warm pool (template and pool made by
   the backend from the warm target, as under a pool policy);
@@ -11,13 +12,13 @@ through pod exec, which the real API server hands to the node agent.
 
 from __future__ import annotations
 
-import os
 import uuid
 from collections.abc import AsyncIterator
 from typing import Any, ClassVar
 
 import pytest
 import pytest_asyncio
+from cluster_support import IMAGE
 from rollbox import Backend, SandboxSpec
 from rollbox_conformance import BackendTests
 from rollbox_kubernetes import KubernetesBackend
@@ -25,10 +26,6 @@ from rollbox_kubernetes.testing.conformance import ClaimingBackend, KubernetesHo
 from rollbox_kubernetes.testing.fixtures import ClusterAccess
 
 pytestmark = pytest.mark.slow
-# The test cluster's node agent runs "host" over the host's system directories; an
-# external cluster (ROLLBOX_K8S_KUBECONFIG) pulls ROLLBOX_K8S_IMAGE.
-IMAGE = (os.environ.get("ROLLBOX_K8S_IMAGE", "debian:bookworm-slim")
-         if os.environ.get("ROLLBOX_K8S_KUBECONFIG") else "host")
 
 
 class ClusterConformance(KubernetesHooks, BackendTests):
@@ -43,7 +40,7 @@ class ClusterConformance(KubernetesHooks, BackendTests):
         backend = self.backend_class(
             kubeconfig=k8s_cluster.kubeconfig, namespace=k8s_cluster.namespace,
             runtime_class=k8s_cluster.runtime_class, run_id=f"conf-{uuid.uuid4().hex[:8]}",
-            transport="http", **self.options)
+            transport=k8s_cluster.transport, **self.options)
         try:
             yield backend
         finally:

@@ -7,13 +7,13 @@ import ipaddress
 import json
 
 import pytest
-from cluster_support import BackendFactory, kubectl
+from cluster_support import IMAGE, BackendFactory, kubectl
 from rollbox.spec import SandboxSpec
 from rollbox_kubernetes.resources import PODS
 from rollbox_kubernetes.testing.fixtures import ClusterAccess
 
 pytestmark = pytest.mark.slow
-SPEC = SandboxSpec(image="host", workdir="/work")
+SPEC = SandboxSpec(image=IMAGE, workdir="/work")
 
 
 def test_nodes_are_kwoks_and_declare_websocket_exec(k8s_cluster: ClusterAccess) -> None:
@@ -33,6 +33,8 @@ def test_nodes_are_kwoks_and_declare_websocket_exec(k8s_cluster: ClusterAccess) 
 @pytest.mark.parametrize("transport", ["exec", "http"])
 async def test_a_sandbox_runs_commands(make_backend: BackendFactory,
                                        k8s_cluster: ClusterAccess, transport: str) -> None:
+    if transport == "http":
+        k8s_cluster.require_http()
     backend = make_backend(transport=transport)
     async with await backend.create(SPEC) as sandbox:
         result = await sandbox.exec("echo hi; echo err >&2; exit 3")

@@ -3,8 +3,9 @@ agent-sandbox controller, for the tests under tests/cluster.
 
 - ``ROLLBOX_K8S_KUBECONFIG=/path`` (kind, GKE, ...): that cluster, as it is
   (``ROLLBOX_K8S_NAMESPACE``, default ``rollbox-test``, must exist; ``ROLLBOX_K8S_IMAGE``,
-  default ``debian:bookworm-slim``; ``ROLLBOX_K8S_RUNTIME_CLASS``). Tests that restart
-  control-plane components skip there.
+  default ``debian:bookworm-slim``; ``ROLLBOX_K8S_RUNTIME_CLASS``;
+  ``ROLLBOX_K8S_TRANSPORT``, default ``exec``). Tests that restart control-plane
+  components skip there.
 - Otherwise the test cluster of tests/cluster: binaries from ``$ROLLBOX_CLUSTER_BIN_DIR``
   or built (once, cached) by tests/cluster/build.sh, started for the session by
   ``ControlPlane`` and stopped at its end. Without Go the tests skip, saying so; under
@@ -40,8 +41,16 @@ class ClusterAccess:
     """An image the nodes can start: ``host`` on the test cluster (the node agent's
     local backend runs it over the host's system directories)."""
     runtime_class: str | None
+    transport: str
+    """How commands travel: ``http`` on the test cluster (its node agent serves the
+    runtime at every pod IP); ``$ROLLBOX_K8S_TRANSPORT`` (default ``exec``) elsewhere,
+    where the image would have to serve it and pod IPs be reachable from here."""
     plane: ControlPlane | None
     """The test cluster's processes (restart, kill), or None for an external cluster."""
+
+    def require_http(self) -> None:
+        if self.transport != "http":
+            pytest.skip("needs the in-sandbox HTTP runtime (ROLLBOX_K8S_TRANSPORT=http)")
 
     def require_plane(self) -> ControlPlane:
         if self.plane is None:
@@ -82,7 +91,7 @@ def k8s_cluster(request: pytest.FixtureRequest) -> Iterator[ClusterAccess]:
             namespace=os.environ.get("ROLLBOX_K8S_NAMESPACE", "rollbox-test"),
             image=os.environ.get("ROLLBOX_K8S_IMAGE", "debian:bookworm-slim"),
             runtime_class=os.environ.get("ROLLBOX_K8S_RUNTIME_CLASS") or None,
-            plane=None)
+            transport=os.environ.get("ROLLBOX_K8S_TRANSPORT", "exec"), plane=None)
         return
     bin_dir = cluster_binaries(request.config.rootpath)
     state = Path(tempfile.mkdtemp(prefix="rollbox-cluster-"))
@@ -92,7 +101,8 @@ def k8s_cluster(request: pytest.FixtureRequest) -> Iterator[ClusterAccess]:
     plane.start()
     try:
         yield ClusterAccess(kubeconfig=str(plane.kubeconfig), namespace=plane.namespace,
-                            image="host", runtime_class=None, plane=plane)
+                            image="host", runtime_class=None, transport="http",
+                            plane=plane)
     finally:
         plane.stop()
         if request.session.testsfailed == failed and not os.environ.get(
