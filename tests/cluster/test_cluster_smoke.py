@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ipaddress
 import json
+from pathlib import Path
 
 import pytest
 from cluster_support import IMAGE, BackendFactory, kubectl
@@ -31,16 +32,18 @@ def test_nodes_are_kwoks_and_declare_websocket_exec(k8s_cluster: ClusterAccess) 
 
 
 @pytest.mark.parametrize("transport", ["exec", "http"])
-async def test_a_sandbox_runs_commands(make_backend: BackendFactory,
-                                       k8s_cluster: ClusterAccess, transport: str) -> None:
+async def test_a_sandbox_runs_commands(make_backend: BackendFactory, k8s_cluster: ClusterAccess,
+                                       transport: str, tmp_path: Path) -> None:
     if transport == "http":
         k8s_cluster.require_http()
     backend = make_backend(transport=transport)
     async with await backend.create(SPEC) as sandbox:
         result = await sandbox.exec("echo hi; echo err >&2; exit 3")
         assert (result.stdout, result.stderr, result.exit_code) == (b"hi\n", b"err\n", 3)
-        # the command ran in a sandbox, not on the host: its root is the overlay
-        assert (await sandbox.exec("test -w /usr")).ok
+        # the command ran in a sandbox, not on the host: a host file is not there
+        secret = tmp_path / "host-only.txt"
+        secret.write_text("host")
+        assert not (await sandbox.exec(["test", "-e", str(secret)])).ok
         pod = await backend.client.get(PODS, backend.options.namespace, sandbox.pod)
         assert ipaddress.ip_address(pod["status"]["podIP"]).is_loopback
         assert pod["spec"]["nodeName"] in k8s_cluster.require_plane().nodes

@@ -563,8 +563,8 @@ spec:
 {ready.format(op="NotIn")}  next:
     statusTemplate: |
       {{{{ $now := Now }}}}
-{conditions}{endpoint}      allocatable: {{cpu: "1000", memory: 1Ti, pods: "1000000"}}
-      capacity: {{cpu: "1000", memory: 1Ti, pods: "1000000"}}
+{conditions}{endpoint}      allocatable: {{cpu: "1000", memory: 1Ti, ephemeral-storage: 1Ti, pods: "1000000"}}
+      capacity: {{cpu: "1000", memory: 1Ti, ephemeral-storage: 1Ti, pods: "1000000"}}
       declaredFeatures: [ExtendWebSocketsToKubelet]
       nodeInfo:
         architecture: amd64
