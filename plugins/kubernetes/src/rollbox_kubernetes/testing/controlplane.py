@@ -548,6 +548,7 @@ def kwok_stages() -> str:
         kubeletEndpoint:
           Port: {{ NodePort }}
 """
+    resources = '{cpu: "1000", memory: 1Ti, ephemeral-storage: 1Ti, pods: "1000000"}'
     ready = """    - key: '.status.conditions.[] | select( .type == "Ready" ) | .status'
       operator: '{op}'
       values: ['True']
@@ -563,8 +564,8 @@ spec:
 {ready.format(op="NotIn")}  next:
     statusTemplate: |
       {{{{ $now := Now }}}}
-{conditions}{endpoint}      allocatable: {{cpu: "1000", memory: 1Ti, ephemeral-storage: 1Ti, pods: "1000000"}}
-      capacity: {{cpu: "1000", memory: 1Ti, ephemeral-storage: 1Ti, pods: "1000000"}}
+{conditions}{endpoint}      allocatable: {resources}
+      capacity: {resources}
       declaredFeatures: [ExtendWebSocketsToKubelet]
       nodeInfo:
         architecture: amd64

@@ -29,13 +29,16 @@ EXEC_OUTPUT_CEILING = 512 * 1024 * 1024
 async def serve_exec(request: web.Request, sandbox: Sandbox, *, streaming: bool,
                      protocols: Iterable[str], open_streams: set[asyncio.BaseTransport]
                      ) -> web.WebSocketResponse:
-    """Answer one exec request (``command``, ``stdin`` in the query) in ``sandbox``
+    """Answer one exec request (``command``, ``stdin`` or ``input`` in the query) in ``sandbox``
     (``streaming``: its backend can stream); its transport is in ``open_streams`` while
     the command runs."""
     ws = web.WebSocketResponse(protocols=tuple(protocols), max_msg_size=0)
     await ws.prepare(request)
     argv = request.query.getall("command", [])
-    wants_stdin = request.query.get("stdin", "").lower() in ("true", "1")
+    # The API server's pod exec says ``stdin=true``; the kubelet endpoint it forwards to
+    # says ``input=1``.
+    flag = request.query.get("stdin", request.query.get("input", ""))
+    wants_stdin = flag.lower() in ("true", "1")
     transport = request.transport
     if transport is not None:
         open_streams.add(transport)
