@@ -170,7 +170,10 @@ def warm_pool(spec: SandboxSpec, options: KubeOptions, replicas: int | None = No
 
 
 def claim(name: str, pool_name: str, key: str, options: KubeOptions) -> Obj:
-    """A claim on ``pool_name``. It sets no env or volumes: those force a cold start."""
+    """A claim on ``pool_name``. It sets no env or volumes: those force a cold start.
+    Nor ``additionalPodMetadata``: the pool's pods carry rollbox's labels from the
+    template already, and upstream's controller rejects labels there whose domain is not
+    in its allowlist (``sandbox.users.io`` by default) with ``InvalidMetadata``."""
     return {
         "apiVersion": CLAIMS.api_version,
         "kind": CLAIMS.kind,
@@ -178,7 +181,6 @@ def claim(name: str, pool_name: str, key: str, options: KubeOptions) -> Obj:
         "spec": {
             "warmPoolRef": {"name": pool_name},
             "lifecycle": {"shutdownPolicy": "Delete"},
-            "additionalPodMetadata": {"labels": labels(options, key)},
         },
     }
 
