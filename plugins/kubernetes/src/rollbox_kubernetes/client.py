@@ -10,7 +10,9 @@ configured QPS. Then:
 - 5xx, timeouts, dropped connections: idempotent calls (get, list, delete, merge patch,
   and creates of fixed names, whose retry turns into 409 AlreadyExists) are retried with
   exponential backoff and jitter, a bounded number of times.
-- Watches resume from the last resourceVersion they saw when the stream drops.
+- Watches resume from the last resourceVersion they saw when the stream drops, and
+  reconnect (backing off, up to ``max_backoff_s`` apart) for as long as their caller
+  waits, so an API server that restarts does not end them.
 
 ``RequestStats`` counts requests by verb and keeps their start times, which is what the
 measurement reads.
@@ -167,10 +169,12 @@ class KubeClient:
         resource = parts[1] if "/namespaces/" in path and len(parts) > 1 else ""
         self.stats.record(verb, asyncio.get_running_loop().time(), resource)
 
-    async def backoff(self, error: ApiError, attempt: int, *, idempotent: bool) -> None:
-        """Sleep before retry ``attempt`` of a failed call, or re-raise ``error``."""
+    async def backoff(self, error: ApiError, attempt: int, *, idempotent: bool,
+                      unbounded: bool = False) -> None:
+        """Sleep before retry ``attempt`` of a failed call, or re-raise ``error``.
+        ``unbounded``: no cap on attempts (a watch, which its caller bounds in time)."""
         throttled = error.status == 429 or (error.status == 503 and error.retry_after)
-        if attempt > self.max_retries or not (
+        if (attempt > self.max_retries and not unbounded) or not (
             throttled or (idempotent and error.status in _RETRYABLE_STATUS)
         ):
             raise error
@@ -178,7 +182,7 @@ class KubeClient:
         if throttled:
             self.limiter.pause(error.retry_after if error.retry_after is not None else 1.0)
             return
-        delay = min(self.max_backoff_s, self.backoff_s * 2 ** (attempt - 1))
+        delay = min(self.max_backoff_s, self.backoff_s * 2 ** min(attempt - 1, 16))
         await asyncio.sleep(delay * (0.5 + random.random() / 2))
 
     async def call(
@@ -341,4 +345,6 @@ class KubeClient:
                                     response.headers)
             except (aiohttp.ClientError, TimeoutError) as exc:
                 error = ApiError(0, "Unreachable", f"{type(exc).__name__}: {exc}")
-            await self.backoff(error, attempt, idempotent=True)
+            # A watch outlives an API server restart: it reconnects for as long as its
+            # caller waits (a create's timeout), not for a fixed number of attempts.
+            await self.backoff(error, attempt, idempotent=True, unbounded=True)

@@ -53,7 +53,7 @@ from rollbox.errors import ImageError, RollboxError
 from rollbox.sandbox import Sandbox
 from rollbox.spec import Network, SandboxSpec
 
-from rollbox_kubernetes.client import ApiError, KubeClient, RequestStats, WatchExpired
+from rollbox_kubernetes.client import ApiError, KubeClient, RequestStats
 from rollbox_kubernetes.podexec import V4, V5
 from rollbox_kubernetes.resources import NETWORK_POLICIES, PODS, Resource
 from rollbox_kubernetes.testing.controller import limits
@@ -231,19 +231,30 @@ class NodeAgent:
     # -- informers -----------------------------------------------------------------------
 
     async def _watch(self, res: Resource, handle: Any) -> None:
-        """List, then watch from the list's resourceVersion; relist on 410."""
+        """List, then watch from the list's resourceVersion; relist on 410 and after the
+        API server was away (a restart), as an informer does."""
         while True:
-            listing = await self.client.list_objects(res, None)
-            for obj in listing.get("items") or []:
+            try:
+                listing = await self.client.list_objects(res, None)
+            except ApiError as err:
+                log.warning("list %s: %s; again in 1 s", res.plural, err)
+                await asyncio.sleep(1.0)
+                continue
+            items = listing.get("items") or []
+            handle("SYNC", {"items": items})  # what went away while not watching
+            for obj in items:
                 handle("ADDED", obj)
             rv = listing["metadata"]["resourceVersion"]
             try:
                 async for kind, obj in self.client.watch(res, None, resource_version=rv):
                     handle(kind, obj)
-            except WatchExpired:
-                continue
+            except ApiError as err:
+                log.warning("watch %s: %s; relisting", res.plural, err)
 
     def _on_policy(self, kind: str, obj: Obj) -> None:
+        if kind == "SYNC":
+            self.policies.clear()
+            return
         key = (obj["metadata"]["namespace"], obj["metadata"]["name"])
         if kind == "DELETED":
             self.policies.pop(key, None)
@@ -251,6 +262,11 @@ class NodeAgent:
             self.policies[key] = obj
 
     def _on_pod(self, kind: str, pod: Obj) -> None:
+        if kind == "SYNC":
+            listed = {p["metadata"]["uid"] for p in pod["items"]}
+            for gone in [st for st in self.pods.values() if st.uid not in listed]:
+                self._spawn(self._release(gone))
+            return
         meta, spec = pod["metadata"], pod.get("spec") or {}
         if spec.get("nodeName") not in self.nodes:
             return
@@ -352,14 +368,23 @@ class NodeAgent:
             await asyncio.sleep(0.1)
 
     async def _status(self, state: PodState, status: Obj) -> None:
-        try:
-            await self.client.call(
-                "patch", "PATCH", PODS.path(state.namespace, state.name, "status"),
-                body={"metadata": {"uid": state.uid}, "status": status}, idempotent=True,
-                content_type="application/merge-patch+json")
-        except ApiError as err:
-            if err.status not in (404, 409):
-                log.warning("status of pod %s/%s: %s", state.namespace, state.name, err)
+        """Write the pod's status, again and again while the API server cannot be
+        reached (a kubelet's status manager does the same); stop once the pod is gone."""
+        delay = 0.2
+        while not state.stopping:
+            try:
+                await self.client.call(
+                    "patch", "PATCH", PODS.path(state.namespace, state.name, "status"),
+                    body={"metadata": {"uid": state.uid}, "status": status},
+                    idempotent=True, content_type="application/merge-patch+json")
+                return
+            except ApiError as err:
+                if err.status in (404, 409):
+                    return
+                log.warning("status of pod %s/%s: %s; again in %.1f s", state.namespace,
+                            state.name, err, delay)
+            await asyncio.sleep(delay)
+            delay = min(5.0, delay * 2)
 
     async def _terminate(self, state: PodState) -> None:
         """A pod being deleted: stop its sandbox, then remove the pod for good."""
