@@ -115,7 +115,7 @@ async def run_rollbox(arm: str, plane: ControlPlane, kubeconfig: str,
             await pool.close()
     ready = pool.metrics.samples.get("queue_wait", [])
     return {"requested": report.requested, "succeeded": report.succeeded,
-            "failed": report.failed, "failed_by_kind": report.failed_by_kind(),
+            "failed": report.failed, "failed_by_kind": report.failed_by_kind,
             "accounted": report.accounted, "ready_s": ready}
 
 

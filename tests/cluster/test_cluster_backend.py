@@ -21,7 +21,7 @@ import yaml
 from cluster_support import IMAGE, BackendFactory, kubectl, rollbox_objects
 from rollbox import Pool, StaticPoolPolicy
 from rollbox.errors import SandboxLostError
-from rollbox.spec import SandboxSpec, Timeouts
+from rollbox.spec import Network, SandboxSpec, Timeouts
 from rollbox_kubernetes import render
 from rollbox_kubernetes.resources import LABEL_RUN
 from rollbox_kubernetes.testing.conformance import ClaimingBackend
@@ -240,3 +240,21 @@ async def test_the_api_server_restarting_under_creates_and_commands(
     for sandbox in (first, *sandboxes):
         assert (await sandbox.exec("echo after")).stdout == b"after\n"
         await sandbox.close()
+
+
+@pytest.mark.parametrize("mode", ["claim", "sandbox", "pod"])
+async def test_network_none_is_denied_by_policy_in_every_mode(
+        k8s_cluster: ClusterAccess, make_backend: BackendFactory, mode: str) -> None:
+    """What the pod's NetworkPolicies say, as the node agent (the CNI here) read them:
+    ``network=none`` denies egress, ``host`` does not. (Raw pods were not covered by the
+    run's deny-all policy before this ran against a real cluster.)"""
+    k8s_cluster.require_plane()  # the node agent reports its decision as a condition
+    if mode == "claim":
+        backend = make_backend(ClaimingBackend, warm_pool_min=1)
+    else:
+        backend = make_backend(mode="pod" if mode == "pod" else "claim")
+    for network, denied in ((Network.NONE, "True"), (Network.HOST, "False")):
+        async with await backend.create(SPEC.replace(network=network)) as sandbox:
+            pod = get(k8s_cluster, "pod", sandbox.pod)
+            conditions = {c["type"]: c["status"] for c in pod["status"]["conditions"]}
+            assert conditions["rollbox.dev/EgressDenied"] == denied, (network, conditions)

@@ -16,8 +16,9 @@ Mapping from the spec:
   secure default (public internet only, no cluster-internal or metadata addresses).
 - A directly created ``Sandbox`` carries the same ``podTemplate`` (labels included) as
   the template would. A bare Sandbox has no ``networkPolicy`` field, so for
-  ``network=none`` its pod gets the label ``rollbox.dev/network=none`` and the run's
-  deny-all ``NetworkPolicy`` (``deny_all``) selects it; for ``network=host`` nothing
+  ``network=none`` its pod (and a raw pod, ``mode="pod"``) gets the label
+  ``rollbox.dev/network=none`` and the run's deny-all ``NetworkPolicy`` (``deny_all``)
+  selects it; for ``network=host`` nothing
   restricts it (the cluster's own policies apply, not upstream's template default).
 - ``KubeOptions`` adds what a spec does not say: runtimeClassName (e.g. ``gvisor``),
   nodeSelector, tolerations, the warm pool size ``rollbox k8s render`` writes.
@@ -220,12 +221,16 @@ def deny_all(options: KubeOptions) -> Obj:
 
 
 def raw_pod(name: str, spec: SandboxSpec, options: KubeOptions) -> Obj:
-    """The baseline: one bare pod per sandbox, no controller involved."""
+    """The baseline: one bare pod per sandbox, no controller involved. Like a direct
+    Sandbox's pod, one with ``network=none`` is labelled for the run's deny-all policy."""
     key = spec_key(spec, options)
+    meta = _meta(name, options, key)
+    if spec.network is Network.NONE:
+        meta["labels"][LABEL_NETWORK] = Network.NONE.value
     return {
         "apiVersion": "v1",
         "kind": "Pod",
-        "metadata": _meta(name, options, key),
+        "metadata": meta,
         "spec": {**pod_spec(spec, options), "restartPolicy": "Never"},
     }
 

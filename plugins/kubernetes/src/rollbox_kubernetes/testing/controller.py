@@ -199,6 +199,14 @@ class FakeCluster:
             "spec": pod_template["spec"],
         })
 
+    def _network(self, ns: str, name: str, pod: Obj) -> Network:
+        """A pod's network: decided when its Sandbox made it, else (a bare pod) by the
+        NetworkPolicies that select it now, as an enforcing CNI would."""
+        if (ns, name) not in self.networks and self._denied(
+                ns, dict(pod["metadata"].get("labels") or {})):
+            self.networks[(ns, name)] = Network.NONE
+        return self.networks.get((ns, name), Network.HOST)
+
     def _denied(self, ns: str, labels: dict[str, str]) -> bool:
         """A NetworkPolicy of ``ns`` selects these labels and allows no egress."""
         for policy in self.store.list("networkpolicies", ns):
@@ -339,7 +347,7 @@ class FakeCluster:
         env = {e["name"]: e.get("value", "") for e in container.get("env") or []}
         sandbox_spec = SandboxSpec(image=image, workdir=container.get("workingDir") or "/",
                                    env=env, resources=limits(container),
-                                   network=self.networks.get((ns, name), Network.HOST))
+                                   network=self._network(ns, name, pod))
         try:
             sandbox = await self.backing.create(sandbox_spec)
         except ImageError as exc:

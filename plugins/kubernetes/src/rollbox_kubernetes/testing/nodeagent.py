@@ -11,11 +11,14 @@ kubelet's part for the pods the scheduler binds to those nodes:
   agent serves agent-sandbox's in-sandbox HTTP runtime (runtime.py) on that address,
   and writes the pod's status (Running, Ready, the IP), as a kubelet does. An image the
   backend cannot find leaves the pod waiting in ``ErrImagePull``.
-- **network**: as a CNI that enforces NetworkPolicy egress would: a pod that a policy
-  of its namespace selects with Egress and no egress rule gets no network; others the
-  host's. A pod of a SandboxTemplate waits (up to ``policy_wait_s``) for the template's
-  managed policy, which the controller makes after the template. Ingress is not
-  enforced: the runtime is served from outside the sandbox.
+- **network**: decided as a CNI that enforces NetworkPolicy egress would: a pod that a
+  policy of its namespace selects with Egress and no egress rule is denied; others may
+  use the network. A pod of a SandboxTemplate waits (up to ``policy_wait_s``) for the
+  template's managed policy, which the controller makes after the template. The
+  decision is the pod's condition ``rollbox.dev/EgressDenied`` (tests read it). Unless
+  ``allow_network`` is set, no sandbox gets a network either way: the test cluster runs
+  where nothing may leave the machine. Ingress is not enforced: the runtime is served
+  from outside the sandbox.
 - **exec**: the agent is the nodes' kubelet endpoint (kwok writes its port into node
   status). With the ``ExtendWebSocketsToKubelet`` feature that the nodes declare, the
   API server hands pod exec's WebSocket (v5/v4 channel protocol) straight through, and
@@ -67,6 +70,7 @@ NODES = Resource("", "v1", "nodes", "Node")
 TEMPLATE_HASH_LABEL = "agents.x-k8s.io/sandbox-template-ref-hash"
 KWOK_ANNOTATION = "kwok.x-k8s.io/node"
 AGENT_LABEL = "rollbox.dev/node-agent"
+EGRESS_CONDITION = "rollbox.dev/EgressDenied"
 
 
 def _now() -> str:
@@ -147,7 +151,8 @@ class NodeAgent:
     def __init__(self, client: KubeClient, backing: Backend, *, nodes: Sequence[str],
                  listen: tuple[str, int], tls: ssl.SSLContext | None, pod_cidr: str,
                  node_labels: dict[str, str] | None = None, runtime_port: int = 8888,
-                 policy_wait_s: float = 5.0, max_starting: int = 8) -> None:
+                 policy_wait_s: float = 5.0, max_starting: int = 8,
+                 allow_network: bool = False) -> None:
         self.client = client
         self.backing = backing
         self.nodes = frozenset(nodes)
@@ -157,6 +162,7 @@ class NodeAgent:
         self.node_labels = dict(node_labels or {})
         self.runtime_port = runtime_port
         self.policy_wait_s = policy_wait_s
+        self.allow_network = allow_network
         self.pods: dict[str, PodState] = {}  # by uid
         self.by_name: dict[tuple[str, str], str] = {}  # (namespace, name) -> uid
         self.policies: dict[tuple[str, str], Obj] = {}
@@ -304,7 +310,8 @@ class NodeAgent:
         async with self._starting:
             if state.stopping:
                 return
-            network = await self._network(state.namespace, labels)
+            denied = await self._egress_denied(state.namespace, labels)
+            network = Network.HOST if self.allow_network and not denied else Network.NONE
             spec = SandboxSpec(image=container["image"],
                                workdir=container.get("workingDir") or "/", env=env,
                                resources=limits(container), network=network)
@@ -340,7 +347,9 @@ class NodeAgent:
             "podIP": ip, "podIPs": [{"ip": ip}], "startTime": now,
             "conditions": [_cond("PodReadyToStartContainers", True), _cond("Initialized", True),
                            _cond("Ready", True), _cond("ContainersReady", True),
-                           _cond("PodScheduled", True)],
+                           _cond("PodScheduled", True),
+                           _cond(EGRESS_CONDITION, denied,
+                                 "NetworkPolicy" if denied else "NoDenyingPolicy")],
             "containerStatuses": [{
                 "name": container["name"], "image": container["image"],
                 "imageID": "", "ready": True, "started": True, "restartCount": 0,
@@ -352,8 +361,8 @@ class NodeAgent:
                 "ready": False, "restartCount": 0,
                 "state": {"waiting": {"reason": reason, "message": message}}}
 
-    async def _network(self, namespace: str, labels: dict[str, str]) -> Network:
-        """NONE when an egress-denying policy selects the pod (a template's pod waits a
+    async def _egress_denied(self, namespace: str, labels: dict[str, str]) -> bool:
+        """Whether an egress-denying policy selects the pod (a template's pod waits a
         little for the template's managed policy to appear)."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + (self.policy_wait_s if TEMPLATE_HASH_LABEL in labels else 0)
@@ -362,9 +371,9 @@ class NodeAgent:
                       if ns == namespace and selects((p.get("spec") or {}).get(
                           "podSelector") or {}, labels)]
             if any(denies_egress(p) for p in chosen):
-                return Network.NONE
+                return True
             if chosen or loop.time() >= deadline:
-                return Network.HOST
+                return False
             await asyncio.sleep(0.1)
 
     async def _status(self, state: PodState, status: Obj) -> None:
@@ -450,6 +459,8 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--pod-cidr", required=True, help="inside 127.0.0.0/8")
     parser.add_argument("--state-dir", required=True, help="the local backend's state")
     parser.add_argument("--max-starting", type=int, default=8)
+    parser.add_argument("--allow-network", action="store_true",
+                        help="give pods no policy denies the host's network (default: none)")
     return parser.parse_args(argv)
 
 
@@ -468,7 +479,7 @@ async def _main(args: argparse.Namespace) -> None:
     agent = NodeAgent(client, LocalBackend(state_dir=args.state_dir), nodes=args.node,
                       listen=(host, int(port)), tls=tls, pod_cidr=args.pod_cidr,
                       node_labels=dict(kv.split("=", 1) for kv in args.node_label),
-                      max_starting=args.max_starting)
+                      max_starting=args.max_starting, allow_network=args.allow_network)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
