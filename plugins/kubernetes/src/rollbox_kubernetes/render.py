@@ -105,8 +105,11 @@ def _resources(spec: SandboxSpec) -> Obj:
 
 
 def spec_key(spec: SandboxSpec, options: KubeOptions) -> str:
-    """A stable name part for ``spec`` under ``options`` (equal specs share a template)."""
-    return digest(pod_spec(spec, options))
+    """A stable name part for ``spec`` under ``options``: specs that share it share a
+    template. The network is part of it: it is not in the pod spec but in the template's
+    ``networkPolicy`` (two specs differing only there once shared one template).
+    """
+    return digest({"pod": pod_spec(spec, options), "network": spec.network.value})
 
 
 def pod_spec(spec: SandboxSpec, options: KubeOptions) -> Obj:
