@@ -272,7 +272,7 @@ class ControlPlane:
 
     # -- start and stop ------------------------------------------------------------------
 
-    def start(self, timeout_s: float = 180.0) -> None:
+    def start(self, timeout_s: float = 300.0) -> None:
         missing = [c for c in ("etcd", "kube-apiserver", "kube-controller-manager",
                                "kube-scheduler", "kwok", "agent-sandbox-controller")
                    if not (self.bin / c).is_file()]
