@@ -97,7 +97,8 @@ async def run_rollbox(arm: str, plane: ControlPlane, kubeconfig: str,
     concurrency = args.concurrency
     backend = KubernetesBackend(kubeconfig=kubeconfig, namespace=plane.namespace,
                                 run_id=f"bench-{arm}", mode="pod" if arm == "pods" else "claim",
-                                transport="http", qps=args.qps, burst=args.burst)
+                                transport="http", qps=args.qps, burst=args.burst,
+                                runtime_wait_s=args.runtime_wait)
     tasks = [Task(f"t{i}", spec_for(i), policy=one_command) for i in range(args.tasks)]
     policy: PoolPolicy
     if arm == "pods":
@@ -283,6 +284,9 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     parser.add_argument("--burst", type=int, default=40)
     parser.add_argument("--agent-starting", type=int, default=16,
                         help="pods the node agent starts at once")
+    parser.add_argument("--runtime-wait", type=float, default=120.0,
+                        help="how long rollbox waits for a new pod's runtime (a busy node "
+                             "agent on 2 cores can be slow to answer)")
     parser.add_argument("--arm", action="append", choices=ARMS, help="default: all")
     parser.add_argument("--json", type=Path, help="also write the results here")
     parser.add_argument("--keep", action="store_true", help="keep each cluster's state")
