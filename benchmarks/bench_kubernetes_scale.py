@@ -47,12 +47,12 @@ from pathlib import Path
 from typing import Any
 
 from rollbox import NoPoolPolicy, Pool, PoolPolicy, Sandbox
+from rollbox.envs import Task
 from rollbox.metrics import summarize
 from rollbox.policies import LookaheadPolicy
 from rollbox.results import RolloutOutput
 from rollbox.runner import run_rollouts
 from rollbox.spec import Network, SandboxSpec, Timeouts
-from rollbox.tasks import Task
 from rollbox_kubernetes import KubernetesBackend, render
 from rollbox_kubernetes.testing.controlplane import WORKLOAD_USER, ControlPlane
 from rollbox_kubernetes.testing.fixtures import cluster_binaries
