@@ -47,6 +47,8 @@ from rollbox_openhands.runtime_api import Runtime, StartRequest
 _log = logging.getLogger(__name__)
 
 KEY_VARIABLE = "OH_SESSION_API_KEYS_0"
+SANDBOX_VARIABLE = "ROLLBOX_SANDBOX_ID"
+"""The rollbox sandbox's id, in the agent-server's (and so its commands') environment."""
 RUN_FOREVER_S = 365 * 24 * 3600.0
 LOG_BYTES = 64 * 1024
 DEFAULT_PORT = 8000
@@ -182,6 +184,15 @@ class AgentServers:
         self._fill_later(kind)
         return runtime
 
+    async def wait(self, runtime: Runtime) -> Runtime:
+        """``runtime`` once its agent-server is healthy (or failed: see its status)."""
+        active = self._active.get(runtime.runtime_id)
+        if active is not None and active.booting is not None:
+            with contextlib.suppress(BaseException):
+                await asyncio.shield(active.booting)
+            await asyncio.sleep(0)  # let the done callback record the outcome
+        return runtime
+
     def by_session(self, session_id: str) -> Runtime | None:
         runtime_id = self._sessions.get(session_id)
         return self.by_runtime_id(runtime_id) if runtime_id else None
@@ -266,7 +277,8 @@ class AgentServers:
         lease = await self.pool.acquire(self.spec_for(kind))
         try:
             process = await lease.sandbox.stream(
-                agent_server_argv(kind.command, port), env={KEY_VARIABLE: key},
+                agent_server_argv(kind.command, port),
+                env={KEY_VARIABLE: key, SANDBOX_VARIABLE: lease.sandbox.id},
                 timeout=RUN_FOREVER_S, output_limit=2**62)
         except BaseException:
             await lease.release(Outcome.BROKEN)

@@ -117,8 +117,15 @@ def build(request: BuildRequest) -> Path:
     return request.output
 
 
+def _clean_env() -> dict[str, str]:
+    """This environment without what would make uv or Python look elsewhere (a
+    PYTHONPATH makes uv count the packages on it as installed in the image)."""
+    return {k: v for k, v in os.environ.items()
+            if not k.startswith("PYTHON") and k not in ("VIRTUAL_ENV", "CONDA_PREFIX")}
+
+
 def _run(command: Sequence[str], what: str) -> None:
-    result = subprocess.run(list(command), capture_output=True, text=True)
+    result = subprocess.run(list(command), capture_output=True, text=True, env=_clean_env())
     if result.returncode != 0:
         raise UsageError(f"{what} failed ({' '.join(command)}):\n{result.stderr[-3000:]}")
 
@@ -126,7 +133,7 @@ def _run(command: Sequence[str], what: str) -> None:
 def _stage_python(python: Path, dest: Path) -> None:
     info = subprocess.run(
         [str(python), "-c", "import sys; print(sys.base_prefix); print(sys.version_info[1])"],
-        capture_output=True, text=True, check=True).stdout.split()
+        capture_output=True, text=True, check=True, env=_clean_env()).stdout.split()
     prefix, minor = Path(info[0]), info[1]
     skip = {prefix / s.format(minor=minor) for s in _SKIP_IN_PREFIX}
 
