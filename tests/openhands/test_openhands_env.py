@@ -21,7 +21,8 @@ pytestmark = pytest.mark.slow
 ROLLBOX = ("core", "plugins/local", "adapters/openhands")
 SDK_RECIPE = EnvRecipe(
     name="openhands-sdk", python="3.12",
-    requirements=("openhands-sdk==1.58.2", "openhands-workspace==1.58.2", "httpx>=0.27"),
+    requirements=("openhands-sdk==1.58.2", "openhands-workspace==1.58.2",
+                  "openhands-agent-server==1.58.2", "openhands-tools==1.58.2", "httpx>=0.27"),
     editable=ROLLBOX)
 APP_RECIPE = EnvRecipe(
     name="openhands-app", python="3.12",

@@ -154,8 +154,11 @@ def _stage_venv(uv: str, root: Path, requirements: Sequence[str]) -> None:
         raise UsageError(f"no python3.X executable in the copied interpreter {prefix}/python")
     staged_python = pythons[0]
     venv = prefix / ".venv"
-    _run([uv, "venv", "--quiet", "--python", str(staged_python), str(venv)], "uv venv")
-    _run([uv, "pip", "install", "--quiet", "--compile-bytecode",
+    # --no-config: a pyproject.toml or uv.toml around the caller (say, a uv workspace
+    # that overrides OpenHands' packages away) must not change what goes in the image.
+    _run([uv, "venv", "--quiet", "--no-config", "--python", str(staged_python), str(venv)],
+         "uv venv")
+    _run([uv, "pip", "install", "--quiet", "--no-config", "--compile-bytecode",
           "--python", str(venv / "bin/python"), *requirements], "installing the agent-server")
     # Point the virtualenv at the interpreter's place inside the image.
     final_python = f"{PREFIX}/python/bin/{staged_python.name}"

@@ -34,6 +34,8 @@ class ScriptedLLM:
     def __init__(self, command: str, *, host: str = "127.0.0.1", port: int = 0) -> None:
         self.command = command
         self.requests: list[dict[str, Any]] = []
+        self.first_tool_result_at: float | None = None
+        """``time.perf_counter()`` when a tool result first reached the LLM."""
         self._lock = threading.Lock()
         self._server = ThreadingHTTPServer((host, port), _handler(self))
         self._server.daemon_threads = True
@@ -74,6 +76,8 @@ class ScriptedLLM:
         if not tools:
             return {"role": "assistant", "content": TITLE}
         has_result = any(m.get("role") == "tool" for m in body.get("messages", []))
+        if has_result and self.first_tool_result_at is None:
+            self.first_tool_result_at = time.perf_counter()
         if not has_result:
             name = next((n for n in TERMINAL_NAMES if n in tools), None)
             if name is None:
