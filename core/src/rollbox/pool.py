@@ -490,6 +490,7 @@ class MeteredSandbox(Sandbox):
 
     def __init__(self, lease: Lease) -> None:
         super().__init__(lease.raw.id, lease.spec)
+        self.base_env = lease.raw.base_env  # the image's environment, under the spec's
         self._lease = lease
         self._first = True
 
