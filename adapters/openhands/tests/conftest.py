@@ -86,6 +86,19 @@ def _rollbox(*args: str, timeout: float) -> str:
     return result.stdout
 
 
+@pytest.fixture(scope="session")
+def sdk_image(agent_server_image: Callable[[str, bool], str]) -> str:
+    """The agent-server the SDK tests use (imported before any server starts: a running
+    backend does not see names another process imports)."""
+    return agent_server_image("1.58.2", False)
+
+
+@pytest.fixture(scope="session")
+def app_image(agent_server_image: Callable[[str, bool], str]) -> str:
+    """The agent-server openhands-ai 1.11.0 bundles, with chromium (its browser tool)."""
+    return agent_server_image("1.34.0", True)
+
+
 @dataclass(frozen=True)
 class RuntimeAPIServer:
     url: str

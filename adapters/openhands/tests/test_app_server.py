@@ -25,7 +25,6 @@ import pytest
 from rollbox_openhands.testing.scripted_llm import ScriptedLLM
 
 pytestmark = pytest.mark.slow
-VERSION = "1.34.0"  # the agent-server openhands-ai 1.11.0 bundles
 
 
 def _free_port() -> int:
@@ -45,8 +44,8 @@ def _until(what: str, check: Callable[[], Any], timeout: float, log: Path) -> An
 
 
 @pytest.fixture
-def app_server(runtime_api, agent_server_image, tmp_path: Path) -> Iterator[httpx.Client]:
-    image = agent_server_image(VERSION, True)
+def app_server(app_image: str, runtime_api, tmp_path: Path) -> Iterator[httpx.Client]:
+    image = app_image
     repository, tag = image.rsplit(":", 1)
     port = _free_port()
     home = tmp_path / "home"

@@ -9,7 +9,6 @@ rollbox reports, checks the host has no such file, and waits for `finished`.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -21,7 +20,6 @@ from pydantic import SecretStr
 from rollbox_openhands.testing.scripted_llm import ScriptedLLM
 
 pytestmark = pytest.mark.slow
-VERSION = "1.58.2"
 
 
 def _agent(llm: ScriptedLLM) -> Agent:
@@ -53,9 +51,8 @@ def _check_ran_in(sandbox_id: str, proof: str, llm: ScriptedLLM) -> None:
     assert not Path(proof).exists()  # ... and the host has no such file
 
 
-def test_api_remote_workspace_runs_in_a_rollbox_sandbox(
-        runtime_api, agent_server_image: Callable[[str, bool], str]) -> None:
-    image = agent_server_image(VERSION, False)
+def test_api_remote_workspace_runs_in_a_rollbox_sandbox(sdk_image: str, runtime_api) -> None:
+    image = sdk_image
     proof = f"/tmp/rollbox-proof-{uuid.uuid4().hex}"
     with ScriptedLLM(_proof_command(proof)) as llm:
         workspace = APIRemoteWorkspace(
@@ -75,11 +72,10 @@ def test_api_remote_workspace_runs_in_a_rollbox_sandbox(
     assert gone.status_code == 404
 
 
-def test_source_target_and_a_warm_second_start(
-        runtime_api, agent_server_image: Callable[[str, bool], str]) -> None:
+def test_source_target_and_a_warm_second_start(sdk_image: str, runtime_api) -> None:
     """The SDK's "source" command works too, and a second /start of the same kind is
     handed a booted agent-server (running at once, in a reused sandbox)."""
-    image = agent_server_image(VERSION, False)
+    image = sdk_image
     headers = {"X-API-Key": runtime_api.api_key}
     sandboxes = []
     for _ in range(2):
@@ -98,12 +94,11 @@ def test_source_target_and_a_warm_second_start(
     assert all(sandboxes)
 
 
-def test_rollbox_workspace_runs_in_a_rollbox_sandbox(
-        rollbox_home: Path, agent_server_image: Callable[[str, bool], str]) -> None:
+def test_rollbox_workspace_runs_in_a_rollbox_sandbox(sdk_image: str) -> None:
     from rollbox_openhands.engine import shutdown
     from rollbox_openhands.workspace import RollboxWorkspace
 
-    image = agent_server_image(VERSION, False)
+    image = sdk_image
     proof = f"/tmp/rollbox-proof-{uuid.uuid4().hex}"
     try:
         with ScriptedLLM(_proof_command(proof)) as llm:
