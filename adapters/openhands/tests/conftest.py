@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from rollbox_openhands.testing.scripted_llm import ScriptedLLM
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 os.environ.setdefault("OPENHANDS_SUPPRESS_BANNER", "1")
@@ -108,14 +109,23 @@ class RuntimeAPIServer:
 
 
 @pytest.fixture
-def runtime_api(rollbox_home: Path, tmp_path: Path) -> Iterator[RuntimeAPIServer]:
-    """`rollbox openhands serve` on a free port, stopped (and checked) at the end."""
+def llm() -> Iterator[ScriptedLLM]:
+    """The scripted LLM; a test sets its ``command``."""
+    with ScriptedLLM("echo no command given") as scripted:
+        yield scripted
+
+
+@pytest.fixture
+def runtime_api(rollbox_home: Path, tmp_path: Path,
+                llm: ScriptedLLM) -> Iterator[RuntimeAPIServer]:
+    """`rollbox openhands serve` on a free port (sandboxes without network, the LLM's
+    port forwarded), stopped (and checked) at the end."""
     api_key = "test-key-" + os.urandom(8).hex()
     log = tmp_path / "serve.log"
     with log.open("w") as sink:
         process = subprocess.Popen(
             [sys.executable, "-m", "rollbox", "openhands", "serve", "--port", "0",
-             "--api-key", api_key, "--warm", "1"],
+             "--api-key", api_key, "--warm", "1", "--forward", str(llm.port)],
             stdout=sink, stderr=subprocess.STDOUT, text=True)
     url = None
     for _ in range(600):

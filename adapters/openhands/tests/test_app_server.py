@@ -88,48 +88,49 @@ def app_server(app_image: str, runtime_api, tmp_path: Path) -> Iterator[httpx.Cl
             process.kill()
 
 
-def test_app_server_conversation_runs_in_rollbox(app_server: httpx.Client, runtime_api) -> None:
+def test_app_server_conversation_runs_in_rollbox(app_server: httpx.Client, runtime_api,
+                                                 llm: ScriptedLLM) -> None:
     log: Path = app_server.log  # type: ignore[attr-defined]
     rollbox = httpx.Client(base_url=runtime_api.url, headers={"X-API-Key": runtime_api.api_key})
     proof = f"/tmp/rollbox-proof-{uuid.uuid4().hex}"
     command = (f'echo "sandbox=$ROLLBOX_SANDBOX_ID host=$(hostname)"; touch {proof}; '
                f'ls {proof}')
-    with ScriptedLLM(command) as llm:
-        settings = app_server.post("/api/v1/settings", json={"agent_settings_diff": {"llm": {
-            "model": "openai/scripted", "base_url": llm.base_url, "api_key": "none"}}})
-        assert settings.status_code == 200, settings.text
-        started = app_server.post("/api/v1/app-conversations", json={"initial_message": {
-            "role": "user", "run": True,
-            "content": [{"type": "text", "text": "Run the command, then finish."}]}})
-        assert started.status_code == 200, started.text
-        task_id = started.json()["id"]
+    llm.command = command
+    settings = app_server.post("/api/v1/settings", json={"agent_settings_diff": {"llm": {
+        "model": "openai/scripted", "base_url": llm.base_url, "api_key": "none"}}})
+    assert settings.status_code == 200, settings.text
+    started = app_server.post("/api/v1/app-conversations", json={"initial_message": {
+        "role": "user", "run": True,
+        "content": [{"type": "text", "text": "Run the command, then finish."}]}})
+    assert started.status_code == 200, started.text
+    task_id = started.json()["id"]
 
-        def ready() -> dict[str, Any] | None:
-            tasks = app_server.get("/api/v1/app-conversations/start-tasks",
-                                   params={"ids": task_id}).json()
-            task = tasks[0] if tasks else None
-            if task and task["status"] == "ERROR":
-                pytest.fail(f"the conversation did not start: {task.get('detail')}\n"
-                            f"{log.read_text()[-6000:]}")
-            return task if task and task["status"] == "READY" else None
+    def ready() -> dict[str, Any] | None:
+        tasks = app_server.get("/api/v1/app-conversations/start-tasks",
+                               params={"ids": task_id}).json()
+        task = tasks[0] if tasks else None
+        if task and task["status"] == "ERROR":
+            pytest.fail(f"the conversation did not start: {task.get('detail')}\n"
+                        f"{log.read_text()[-6000:]}")
+        return task if task and task["status"] == "READY" else None
 
-        task = _until("the conversation to start", ready, 300, log)
-        conversation_id = task["app_conversation_id"]
+    task = _until("the conversation to start", ready, 300, log)
+    conversation_id = task["app_conversation_id"]
 
-        def conversation() -> dict[str, Any]:
-            found = app_server.get("/api/v1/app-conversations",
-                                   params={"ids": conversation_id}).json()
-            return found[0] or {}
+    def conversation() -> dict[str, Any]:
+        found = app_server.get("/api/v1/app-conversations",
+                               params={"ids": conversation_id}).json()
+        return found[0] or {}
 
-        finished = _until("the conversation to finish",
-                          lambda: conversation().get("execution_status") == "finished"
-                          and conversation(), 300, log)
-        sandbox_id = finished["sandbox_id"]
-        runtime = rollbox.get(f"/sessions/{sandbox_id}").json()
-        assert runtime["status"] == "running"
-        results = llm.tool_results()
-        assert results and f"sandbox={runtime['sandbox_id']} host=rollbox" in results[0]
-        assert not Path(proof).exists()
+    finished = _until("the conversation to finish",
+                      lambda: conversation().get("execution_status") == "finished"
+                      and conversation(), 300, log)
+    sandbox_id = finished["sandbox_id"]
+    runtime = rollbox.get(f"/sessions/{sandbox_id}").json()
+    assert runtime["status"] == "running"
+    results = llm.tool_results()
+    assert results and f"sandbox={runtime['sandbox_id']} host=rollbox" in results[0]
+    assert not Path(proof).exists()
 
     # Pause and resume through the app server reach rollbox.
     assert app_server.post(f"/api/v1/sandboxes/{sandbox_id}/pause").status_code == 200

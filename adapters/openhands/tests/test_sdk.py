@@ -51,21 +51,22 @@ def _check_ran_in(sandbox_id: str, proof: str, llm: ScriptedLLM) -> None:
     assert not Path(proof).exists()  # ... and the host has no such file
 
 
-def test_api_remote_workspace_runs_in_a_rollbox_sandbox(sdk_image: str, runtime_api) -> None:
+def test_api_remote_workspace_runs_in_a_rollbox_sandbox(sdk_image: str, runtime_api,
+                                                        llm: ScriptedLLM) -> None:
     image = sdk_image
     proof = f"/tmp/rollbox-proof-{uuid.uuid4().hex}"
-    with ScriptedLLM(_proof_command(proof)) as llm:
-        workspace = APIRemoteWorkspace(
-            runtime_api_url=runtime_api.url, runtime_api_key=runtime_api.api_key,
-            server_image=image, target_type="binary", init_timeout=300,
-            startup_wait_timeout=300)
-        with workspace:
-            runtime = httpx.get(f"{runtime_api.url}/sessions/{workspace.session_id}",
-                                headers={"X-API-Key": runtime_api.api_key}).json()
-            assert runtime["status"] == "running" and runtime["pod_status"] == "ready"
-            status = _run(workspace, llm)
-        assert status == ConversationExecutionStatus.FINISHED
-        _check_ran_in(runtime["sandbox_id"], proof, llm)
+    llm.command = _proof_command(proof)
+    workspace = APIRemoteWorkspace(
+        runtime_api_url=runtime_api.url, runtime_api_key=runtime_api.api_key,
+        server_image=image, target_type="binary", init_timeout=300,
+        startup_wait_timeout=300)
+    with workspace:
+        runtime = httpx.get(f"{runtime_api.url}/sessions/{workspace.session_id}",
+                            headers={"X-API-Key": runtime_api.api_key}).json()
+        assert runtime["status"] == "running" and runtime["pod_status"] == "ready"
+        status = _run(workspace, llm)
+    assert status == ConversationExecutionStatus.FINISHED
+    _check_ran_in(runtime["sandbox_id"], proof, llm)
     # /stop gave the sandbox back: the runtime is gone.
     gone = httpx.get(f"{runtime_api.url}/sessions/{workspace.session_id}",
                      headers={"X-API-Key": runtime_api.api_key})
@@ -94,19 +95,20 @@ def test_source_target_and_a_warm_second_start(sdk_image: str, runtime_api) -> N
     assert all(sandboxes)
 
 
-def test_rollbox_workspace_runs_in_a_rollbox_sandbox(sdk_image: str) -> None:
+def test_rollbox_workspace_runs_in_a_rollbox_sandbox(sdk_image: str,
+                                                     llm: ScriptedLLM) -> None:
     from rollbox_openhands.engine import shutdown
     from rollbox_openhands.workspace import RollboxWorkspace
 
     image = sdk_image
     proof = f"/tmp/rollbox-proof-{uuid.uuid4().hex}"
+    llm.command = _proof_command(proof)
     try:
-        with ScriptedLLM(_proof_command(proof)) as llm:
-            with RollboxWorkspace(image=image) as workspace:
-                sandbox_id = workspace.sandbox_id
-                assert sandbox_id
-                status = _run(workspace, llm)
-            assert status == ConversationExecutionStatus.FINISHED
-            _check_ran_in(sandbox_id, proof, llm)
+        with RollboxWorkspace(image=image, forward=[llm.port]) as workspace:
+            sandbox_id = workspace.sandbox_id
+            assert sandbox_id
+            status = _run(workspace, llm)
+        assert status == ConversationExecutionStatus.FINISHED
+        _check_ran_in(sandbox_id, proof, llm)
     finally:
         shutdown()

@@ -18,10 +18,12 @@ boot, and so each conversation after a reset, has a new key; nothing else in the
 sandbox is told it (code running in the sandbox can read its own agent-server's
 environment, as in OpenHands' own containers).
 
-The port. The agent-server listens on 127.0.0.1 at the port the command names (60000 as
-OpenHands sends it), and the client reaches it through ``Exposure``:
-``HostNetwork`` (sandbox on the host's network, each agent-server given a free host
-port) until a sandbox port can be reached from the host without it.
+The network. By default a sandbox has none: the agent-server listens on its own
+loopback at the port its command names (60000 as OpenHands sends it) and the host
+reaches it through an ``Ingress`` (a listener on the host's 127.0.0.1, see
+``rollbox_openhands.tunnel``); the agent-server reaches its LLM only through the ports
+``forward`` names (an ``Egress``). With ``network="host"`` the sandbox shares the host's
+network and each agent-server listens on a free host port instead.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ import secrets
 import socket
 import uuid
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import aiohttp
@@ -43,6 +45,7 @@ from rollbox.sandbox import Process
 from rollbox.spec import FrozenMap, Network, Resources, SandboxSpec, Timeouts
 
 from rollbox_openhands.runtime_api import Runtime, StartRequest
+from rollbox_openhands.tunnel import Egress, Ingress
 
 _log = logging.getLogger(__name__)
 
@@ -113,16 +116,46 @@ def _free_port() -> int:
         return port
 
 
+def command_port(command: Sequence[str]) -> int:
+    """The port ``command`` asks the agent-server to listen on (its default: 8000)."""
+    for i, arg in enumerate(command):
+        value = command[i + 1] if arg == "--port" and i + 1 < len(command) else (
+            arg.removeprefix("--port=") if arg.startswith("--port=") else None)
+        if value is not None and value.isdigit() and 0 < int(value) < 65536:
+            return int(value)
+    return DEFAULT_PORT
+
+
+@dataclass
+class Exposure:
+    """Where the host reaches one agent-server: ``url``, and the ``port`` it listens on
+    inside its sandbox (on the host's network, a free host port; otherwise the port its
+    command names, reached through an ``Ingress``)."""
+
+    url: str
+    port: int
+    ingress: Ingress | None = None
+
+    async def close(self) -> None:
+        if self.ingress is not None:
+            await self.ingress.close()
+
+
 @dataclass
 class Booted:
     """A running, healthy agent-server in a leased sandbox."""
 
     lease: Lease
     process: Process
-    url: str
+    exposure: Exposure
     key: str
     logs: deque[bytes]
     drained: asyncio.Task[None]
+    egress: Egress | None = None
+
+    @property
+    def url(self) -> str:
+        return self.exposure.url
 
 
 @dataclass
@@ -140,13 +173,17 @@ class AgentServers:
 
     def __init__(self, pool: Pool, *, warm: int = 1, public_host: str = "127.0.0.1",
                  boot_timeout: float = 180.0, memory_mb: int = 8192,
-                 network: Network = Network.HOST) -> None:
+                 network: Network = Network.NONE,
+                 forward: Mapping[int, tuple[str, int]] | None = None) -> None:
         self.pool = pool
         self.warm = warm
         self.public_host = public_host
         self.boot_timeout = boot_timeout
         self.memory_mb = memory_mb
         self.network = network
+        self.forward = dict(forward or {})
+        """Ports inside every sandbox that lead to (host, port) outside: the LLM's, say
+        (only with ``network="none"``; on the host's network everything is reachable)."""
         self._ready: dict[Kind, deque[Booted]] = {}
         self._filling: dict[Kind, asyncio.Task[None]] = {}
         self._active: dict[str, _Active] = {}  # by runtime id
@@ -173,11 +210,10 @@ class AgentServers:
                               sandbox_id=booted.lease.sandbox.id)
             active = _Active(runtime, kind, booted=booted)
         else:
-            port, key = _free_port(), secrets.token_urlsafe(32)
-            runtime = Runtime(runtime_id, session_id, request.image,
-                              f"http://{self.public_host}:{port}", key)
+            exposure, key = await self._expose(kind), secrets.token_urlsafe(32)
+            runtime = Runtime(runtime_id, session_id, request.image, exposure.url, key)
             active = _Active(runtime, kind)
-            active.booting = asyncio.create_task(self._boot(kind, port, key))
+            active.booting = asyncio.create_task(self._boot(kind, exposure, key))
             active.booting.add_done_callback(lambda task: self._booted(active, task))
         self._active[runtime_id] = active
         self._sessions[session_id] = runtime_id
@@ -273,19 +309,39 @@ class AgentServers:
             labels={"rollbox.openhands": "agent-server"},
         )
 
-    async def _boot(self, kind: Kind, port: int, key: str) -> Booted:
-        lease = await self.pool.acquire(self.spec_for(kind))
+    async def _expose(self, kind: Kind) -> Exposure:
+        if self.network is Network.HOST:
+            port = _free_port()
+            return Exposure(f"http://{self.public_host}:{port}", port)
+        ingress = Ingress(None, command_port(kind.command))
+        return Exposure(await ingress.start(), ingress.port, ingress)
+
+    async def _boot(self, kind: Kind, exposure: Exposure, key: str) -> Booted:
         try:
+            lease = await self.pool.acquire(self.spec_for(kind))
+        except BaseException:
+            await exposure.close()
+            raise
+        egress = None
+        try:
+            if self.forward and self.network is Network.NONE:
+                egress = Egress(lease.sandbox, self.forward)
+                await egress.start()
             process = await lease.sandbox.stream(
-                agent_server_argv(kind.command, port),
+                agent_server_argv(kind.command, exposure.port),
                 env={KEY_VARIABLE: key, SANDBOX_VARIABLE: lease.sandbox.id},
                 timeout=RUN_FOREVER_S, output_limit=2**62)
         except BaseException:
+            if egress is not None:
+                await egress.close()
+            await exposure.close()
             await lease.release(Outcome.BROKEN)
             raise
+        if exposure.ingress is not None:
+            exposure.ingress.sandbox = lease.sandbox
         logs: deque[bytes] = deque()
-        booted = Booted(lease, process, f"http://{self.public_host}:{port}", key, logs,
-                        asyncio.create_task(_drain(process, logs)))
+        booted = Booted(lease, process, exposure, key, logs,
+                        asyncio.create_task(_drain(process, logs)), egress)
         try:
             await self._wait_healthy(booted)
         except BaseException:
@@ -345,7 +401,8 @@ class AgentServers:
         failures = 0
         while not self._closed and len(ready) < self.warm and failures < 3:
             try:
-                ready.append(await self._boot(kind, _free_port(), secrets.token_urlsafe(32)))
+                exposure = await self._expose(kind)
+                ready.append(await self._boot(kind, exposure, secrets.token_urlsafe(32)))
                 failures = 0
             except (SandboxError, RollboxError) as exc:
                 failures += 1
@@ -360,6 +417,9 @@ class AgentServers:
         booted.drained.cancel()
         with contextlib.suppress(BaseException):
             await booted.drained
+        await booted.exposure.close()
+        if booted.egress is not None:
+            await booted.egress.close()
         await booted.lease.release(outcome)
 
     def _client(self) -> aiohttp.ClientSession:

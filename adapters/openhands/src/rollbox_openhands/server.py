@@ -20,6 +20,7 @@ from collections.abc import AsyncIterator
 
 from aiohttp import web
 from rollbox import Pool, open_backend
+from rollbox.errors import UsageError
 from rollbox.spec import Network
 
 from rollbox_openhands.agent_servers import AgentServers
@@ -68,6 +69,25 @@ def configure_serve(parser: argparse.ArgumentParser) -> None:
                         help="rollbox backend (default: $ROLLBOX_BACKEND or 'local')")
     parser.add_argument("--max-sandboxes", type=int, default=None,
                         help="at most this many sandboxes at once (default: no limit)")
+    parser.add_argument("--network", choices=[n.value for n in Network], default="none",
+                        help="the agent-servers' network: none (default; reached through "
+                             "rollbox, out only through --forward) or host")
+    parser.add_argument("--forward", action="append", default=[], metavar="PORT[=HOST:PORT]",
+                        help="make 127.0.0.1:PORT inside every sandbox lead to HOST:PORT "
+                             "outside (default 127.0.0.1:PORT): the LLM endpoint, say "
+                             "(repeatable)")
+
+
+def parse_forward(values: list[str]) -> dict[int, tuple[str, int]]:
+    """``["8080", "9000=10.0.0.5:443"]`` -> {8080: ("127.0.0.1", 8080), 9000: (...)}."""
+    forward: dict[int, tuple[str, int]] = {}
+    for value in values:
+        inside, _, outside = value.partition("=")
+        host, _, port = (outside or f"127.0.0.1:{inside}").rpartition(":")
+        if not (inside.isdigit() and port.isdigit() and host):
+            raise UsageError(f"--forward {value!r}: use PORT or PORT=HOST:PORT")
+        forward[int(inside)] = (host.strip("[]"), int(port))
+    return forward
 
 
 def run_serve(args: argparse.Namespace) -> int:
@@ -85,7 +105,8 @@ async def _serve(args: argparse.Namespace, api_key: str) -> int:
     async with (
         open_backend(args.backend) as backend,
         Pool(backend, max_sandboxes=args.max_sandboxes) as pool,
-        AgentServers(pool, warm=args.warm, network=Network.HOST) as servers,
+        AgentServers(pool, warm=args.warm, network=Network(args.network),
+                     forward=parse_forward(args.forward)) as servers,
         serving(RuntimeAPI(servers, api_key), args.host, args.port) as url,
     ):
         print(f"OpenHands Runtime API on {url}", file=sys.stderr, flush=True)

@@ -137,8 +137,9 @@ _OPEN, _DATA, _EOF, _CLOSE = range(4)
 class Ingress:
     """A host listener on 127.0.0.1 whose connections reach ``port`` in ``sandbox``."""
 
-    def __init__(self, sandbox: Sandbox, port: int) -> None:
+    def __init__(self, sandbox: Sandbox | None, port: int) -> None:
         self.sandbox = sandbox
+        """May be set after ``start``: connections made before it are closed."""
         self.port = port
         self._server: asyncio.Server | None = None
         self._tasks: set[asyncio.Task[None]] = set()
@@ -160,12 +161,17 @@ class Ingress:
         task = asyncio.current_task()
         assert task is not None
         self._tasks.add(task)
+        sandbox = self.sandbox
+        if sandbox is None:
+            writer.close()
+            self._tasks.discard(task)
+            return
         try:
-            process = await self.sandbox.stream(
+            process = await sandbox.stream(
                 [PYTHON, "-I", "-S", "-c", _CONNECT, str(self.port)], timeout=FOREVER_S,
                 output_limit=NO_CAP)
         except (RollboxError, OSError) as exc:
-            _log.debug("ingress to %s:%s failed: %s", self.sandbox.id, self.port, exc)
+            _log.debug("ingress to %s:%s failed: %s", sandbox.id, self.port, exc)
             writer.close()
             self._tasks.discard(task)
             return

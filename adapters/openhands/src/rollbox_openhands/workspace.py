@@ -28,6 +28,8 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
     raise MissingExtraError("RollboxWorkspace (the OpenHands SDK, Python >= 3.12)",
                             "openhands") from exc
 
+from rollbox.spec import Network
+
 from rollbox_openhands.agent_servers import DEFAULT_PORT
 from rollbox_openhands.engine import engine
 from rollbox_openhands.image import LAUNCHER
@@ -48,11 +50,22 @@ class RollboxWorkspace(RemoteWorkspace):
                                         description="Environment of the agent-server")
     keep_warm: int = Field(default=1, ge=0,
                            description="booted agent-servers kept ready for the next one")
+    forward: list[int] = Field(
+        default_factory=list,
+        description="ports of this host's 127.0.0.1 reachable at the same port inside the "
+                    "sandbox (the LLM's, when it runs here); the sandbox has no other network")
+    network: str = Field(default="none",
+                         description='"none" (default) or "host": the sandbox shares the '
+                                     "host's network (a cloud LLM)")
 
     _runtime: Runtime | None = PrivateAttr(default=None)
 
     def model_post_init(self, context: Any) -> None:
         servers = engine(warm=self.keep_warm)
+        # The process's engine is shared: the latest workspace's settings apply to the
+        # agent-servers booted from now on.
+        servers.servers.network = Network(self.network)
+        servers.servers.forward.update({p: ("127.0.0.1", p) for p in self.forward})
         request = StartRequest(image=self.image, working_dir=self.working_dir,
                                command=(LAUNCHER, "--port", str(DEFAULT_PORT)),
                                environment=dict(self.environment))

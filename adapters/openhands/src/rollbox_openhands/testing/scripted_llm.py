@@ -42,9 +42,12 @@ class ScriptedLLM:
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
 
     @property
+    def port(self) -> int:
+        return int(self._server.server_address[1])
+
+    @property
     def base_url(self) -> str:
-        host, port = self._server.server_address[:2]
-        return f"http://{host!s}:{port}/v1"
+        return f"http://127.0.0.1:{self.port}/v1"
 
     def __enter__(self) -> ScriptedLLM:
         self._thread.start()
