@@ -39,13 +39,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import aiohttp
-from rollbox.errors import CreateFailedError, RollboxError, SandboxError
+from rollbox.errors import CreateFailedError, ExecTimeoutError, RollboxError, SandboxError
 from rollbox.pool import Lease, Outcome, Pool
 from rollbox.sandbox import Process
 from rollbox.spec import FrozenMap, Network, Resources, SandboxSpec, Timeouts
 
 from rollbox_openhands.runtime_api import Runtime, StartRequest
-from rollbox_openhands.tunnel import Egress, Ingress
+from rollbox_openhands.tunnel import PYTHON, Egress, Ingress
 
 _log = logging.getLogger(__name__)
 
@@ -107,6 +107,21 @@ exit 0
 """
 """Signal every process of the sandbox but its init and this command's own ancestry
 (rollbox runs commands through them: they must keep answering)."""
+
+
+_WAIT_HEALTHY = r"""
+import socket, sys, time
+while True:
+    try:
+        with socket.create_connection(("127.0.0.1", int(sys.argv[1])), timeout=5) as s:
+            s.sendall(b"GET /health HTTP/1.0\r\nHost: localhost\r\n\r\n")
+            if s.recv(12)[9:12] == b"200":
+                break
+    except OSError:
+        pass
+    time.sleep(0.02)
+"""
+"""Run inside the sandbox: returns once the agent-server answers /health with 200."""
 
 
 def _free_port() -> int:
@@ -350,24 +365,40 @@ class AgentServers:
         return booted
 
     async def _wait_healthy(self, booted: Booted) -> None:
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.boot_timeout
-        http = self._client()
-        while True:
-            if booted.drained.done():
-                raise CreateFailedError(
-                    "the agent-server exited while booting:\n" + _tail(booted.logs),
-                    sandbox_id=booted.lease.sandbox.id)
-            with contextlib.suppress(aiohttp.ClientError, TimeoutError):
-                async with http.get(booted.url + "/health",
-                                    timeout=aiohttp.ClientTimeout(total=2)) as response:
-                    if response.status == 200:
-                        return
-            if loop.time() > deadline:
-                raise CreateFailedError(
-                    f"the agent-server did not answer /health within {self.boot_timeout}s:\n"
-                    + _tail(booted.logs), sandbox_id=booted.lease.sandbox.id)
-            await asyncio.sleep(0.05)
+        """Poll /health from inside the sandbox (one command, no tunnel per probe),
+        then once through the URL the client gets."""
+        inside = asyncio.create_task(booted.lease.sandbox.exec(
+            [PYTHON, "-I", "-S", "-c", _WAIT_HEALTHY, str(booted.exposure.port)],
+            timeout=self.boot_timeout))
+        done, _ = await asyncio.wait({inside, booted.drained},
+                                     return_when=asyncio.FIRST_COMPLETED)
+        if inside not in done:
+            inside.cancel()
+            with contextlib.suppress(BaseException):
+                await inside
+            raise CreateFailedError(
+                "the agent-server exited while booting:\n" + _tail(booted.logs),
+                sandbox_id=booted.lease.sandbox.id)
+        try:
+            result = inside.result()
+        except ExecTimeoutError:
+            raise CreateFailedError(
+                f"the agent-server did not answer /health within {self.boot_timeout}s:\n"
+                + _tail(booted.logs), sandbox_id=booted.lease.sandbox.id) from None
+        if not result.ok:
+            raise CreateFailedError(
+                "could not wait for the agent-server: " + result.stderr.decode()[-2000:],
+                sandbox_id=booted.lease.sandbox.id)
+        try:
+            async with self._client().get(booted.url + "/health",
+                                          timeout=aiohttp.ClientTimeout(total=30)) as reply:
+                if reply.status == 200:
+                    return
+                raise CreateFailedError(f"/health through {booted.url} answered {reply.status}",
+                                        sandbox_id=booted.lease.sandbox.id)
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            raise CreateFailedError(f"/health through {booted.url} failed: {exc}",
+                                    sandbox_id=booted.lease.sandbox.id) from None
 
     def _booted(self, active: _Active, task: asyncio.Task[Booted]) -> None:
         active.booting = None
