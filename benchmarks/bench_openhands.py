@@ -31,19 +31,21 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
+from rollbox_openhands.testing.scripted_llm import ScriptedLLM
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 os.environ.setdefault("OPENHANDS_SUPPRESS_BANNER", "1")
 
 
 @contextmanager
-def runtime_api(warm: int, log_dir: Path) -> Iterator[tuple[str, str]]:
+def runtime_api(warm: int, log_dir: Path, llm_port: int) -> Iterator[tuple[str, str]]:
     key = "bench-" + os.urandom(6).hex()
     log = log_dir / f"serve-warm{warm}.log"
     with log.open("w") as sink:
         process = subprocess.Popen(
             [sys.executable, "-m", "rollbox", "openhands", "serve", "--port", "0",
-             "--api-key", key, "--warm", str(warm)], stdout=sink, stderr=subprocess.STDOUT)
+             "--api-key", key, "--warm", str(warm), "--forward", str(llm_port)],
+            stdout=sink, stderr=subprocess.STDOUT)
     try:
         for _ in range(600):
             found = re.search(r"Runtime API on (\S+)", log.read_text())
@@ -122,27 +124,27 @@ def process_start_to_healthy(log_dir: Path) -> float:
         process.wait(timeout=30)
 
 
-def conversation_to_first_tool_result(url: str, key: str, image: str) -> float:
+def conversation_to_first_tool_result(url: str, key: str, image: str,
+                                      llm: ScriptedLLM) -> float:
     """APIRemoteWorkspace + Conversation until the scripted LLM receives the terminal
     tool's result (workspace provisioning included)."""
     from openhands.sdk import LLM, Agent, Conversation, Tool
     from openhands.workspace import APIRemoteWorkspace
     from pydantic import SecretStr
-    from rollbox_openhands.testing.scripted_llm import ScriptedLLM
 
-    with ScriptedLLM("echo bench") as llm:
-        agent = Agent(llm=LLM(model="openai/scripted", base_url=llm.base_url,
-                              api_key=SecretStr("none"), usage_id="agent", num_retries=0),
-                      tools=[Tool(name="terminal")])
-        began = time.perf_counter()
-        with APIRemoteWorkspace(runtime_api_url=url, runtime_api_key=key, server_image=image,
-                                init_timeout=300, startup_wait_timeout=300) as workspace:
-            conversation = Conversation(agent=agent, workspace=workspace)
-            conversation.send_message("run it")
-            conversation.run()
-            elapsed = llm.first_tool_result_at - began if llm.first_tool_result_at else -1.0
-            conversation.close()
-        return elapsed
+    llm.first_tool_result_at = None
+    agent = Agent(llm=LLM(model="openai/scripted", base_url=llm.base_url,
+                          api_key=SecretStr("none"), usage_id="agent", num_retries=0),
+                  tools=[Tool(name="terminal")])
+    began = time.perf_counter()
+    with APIRemoteWorkspace(runtime_api_url=url, runtime_api_key=key, server_image=image,
+                            init_timeout=300, startup_wait_timeout=300) as workspace:
+        conversation = Conversation(agent=agent, workspace=workspace)
+        conversation.send_message("run it")
+        conversation.run()
+        elapsed = llm.first_tool_result_at - began if llm.first_tool_result_at else -1.0
+        conversation.close()
+    return elapsed
 
 
 def median(samples: list[float]) -> float:
@@ -160,15 +162,16 @@ def main() -> None:
         "start_healthy_cold", "start_healthy_warm", "start_healthy_process",
         "conversation_cold", "conversation_warm")}
 
-    with runtime_api(0, log_dir) as (url, key):
+    llm = ScriptedLLM("echo bench").__enter__()
+    with runtime_api(0, log_dir, llm.port) as (url, key):
         for _ in range(args.rounds):
             elapsed, runtime_id = start_to_healthy(url, key, args.image)
             samples["start_healthy_cold"].append(elapsed)
             stop(url, key, runtime_id)
         for _ in range(max(1, args.rounds // 2)):
             samples["conversation_cold"].append(
-                conversation_to_first_tool_result(url, key, args.image))
-    with runtime_api(1, log_dir) as (url, key):
+                conversation_to_first_tool_result(url, key, args.image, llm))
+    with runtime_api(1, log_dir, llm.port) as (url, key):
         wait_warm(url, key, args.image)
         for _ in range(args.rounds):
             elapsed, runtime_id = start_to_healthy(url, key, args.image)
@@ -176,11 +179,11 @@ def main() -> None:
             stop(url, key, runtime_id)
             wait_warm(url, key, args.image)
         # The SDK's own /start asks for another kind (its command and working dir).
-        conversation_to_first_tool_result(url, key, args.image)
+        conversation_to_first_tool_result(url, key, args.image, llm)
         for _ in range(max(1, args.rounds // 2)):
             time.sleep(15)  # the next warm one boots meanwhile
             samples["conversation_warm"].append(
-                conversation_to_first_tool_result(url, key, args.image))
+                conversation_to_first_tool_result(url, key, args.image, llm))
     for _ in range(args.rounds):
         samples["start_healthy_process"].append(process_start_to_healthy(log_dir))
 
