@@ -230,6 +230,11 @@ class AgentServers:
             active = _Active(runtime, kind)
             active.booting = asyncio.create_task(self._boot(kind, exposure, key))
             active.booting.add_done_callback(lambda task: self._booted(active, task))
+            # The next one boots after this one: on a small machine two boots at once
+            # would make the one a client waits for twice as slow.
+            self._active[runtime_id] = active
+            self._sessions[session_id] = runtime_id
+            return runtime
         self._active[runtime_id] = active
         self._sessions[session_id] = runtime_id
         self._fill_later(kind)
@@ -403,6 +408,7 @@ class AgentServers:
     def _booted(self, active: _Active, task: asyncio.Task[Booted]) -> None:
         active.booting = None
         runtime = active.runtime
+        self._fill_later(active.kind)
         if task.cancelled():
             return
         error = task.exception()
