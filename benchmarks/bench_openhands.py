@@ -129,13 +129,14 @@ def conversation_to_first_tool_result(url: str, key: str, image: str,
     """APIRemoteWorkspace + Conversation until the scripted LLM receives the terminal
     tool's result (workspace provisioning included)."""
     from openhands.sdk import LLM, Agent, Conversation, Tool
+    from openhands.tools.terminal import TerminalTool
     from openhands.workspace import APIRemoteWorkspace
     from pydantic import SecretStr
 
     llm.first_tool_result_at = None
     agent = Agent(llm=LLM(model="openai/scripted", base_url=llm.base_url,
                           api_key=SecretStr("none"), usage_id="agent", num_retries=0),
-                  tools=[Tool(name="terminal")])
+                  tools=[Tool(name=TerminalTool.name)])
     began = time.perf_counter()
     with APIRemoteWorkspace(runtime_api_url=url, runtime_api_key=key, server_image=image,
                             init_timeout=300, startup_wait_timeout=300) as workspace:

@@ -15,6 +15,7 @@ import httpx
 import pytest
 from openhands.sdk import LLM, Agent, Conversation, Tool
 from openhands.sdk.conversation.state import ConversationExecutionStatus
+from openhands.tools.terminal import TerminalTool  # registers the tool client-side
 from openhands.workspace import APIRemoteWorkspace
 from pydantic import SecretStr
 from rollbox_openhands.testing.scripted_llm import ScriptedLLM
@@ -25,7 +26,7 @@ pytestmark = pytest.mark.slow
 def _agent(llm: ScriptedLLM) -> Agent:
     model = LLM(model="openai/scripted", base_url=llm.base_url, api_key=SecretStr("none"),
                 usage_id="agent", num_retries=0)
-    return Agent(llm=model, tools=[Tool(name="terminal")])
+    return Agent(llm=model, tools=[Tool(name=TerminalTool.name)])
 
 
 def _proof_command(proof: str) -> str:
