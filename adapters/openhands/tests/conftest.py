@@ -125,7 +125,8 @@ def runtime_api(rollbox_home: Path, tmp_path: Path,
     with log.open("w") as sink:
         process = subprocess.Popen(
             [sys.executable, "-m", "rollbox", "openhands", "serve", "--port", "0",
-             "--api-key", api_key, "--warm", "1", "--forward", str(llm.port)],
+             "--api-key", api_key, "--warm", "1", "--forward", str(llm.port),
+             "--agent-logs", str(tmp_path / "agent-servers")],
             stdout=sink, stderr=subprocess.STDOUT, text=True)
     url = None
     for _ in range(600):
@@ -142,6 +143,8 @@ def runtime_api(rollbox_home: Path, tmp_path: Path,
         process.kill()
         pytest.fail(f"rollbox openhands serve did not start:\n{log.read_text()}")
     yield RuntimeAPIServer(url, api_key, process, log)
+    for agent_log in sorted((tmp_path / "agent-servers").glob("*.log")):
+        print(f"--- {agent_log.name} (last 3000 characters)\n{agent_log.read_text()[-3000:]}")
     process.send_signal(signal.SIGTERM)
     try:
         code = process.wait(timeout=120)

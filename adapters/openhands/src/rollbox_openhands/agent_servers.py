@@ -37,6 +37,7 @@ import uuid
 from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import aiohttp
 from rollbox.errors import CreateFailedError, ExecTimeoutError, RollboxError, SandboxError
@@ -189,13 +190,16 @@ class AgentServers:
     def __init__(self, pool: Pool, *, warm: int = 1, public_host: str = "127.0.0.1",
                  boot_timeout: float = 180.0, memory_mb: int = 8192,
                  network: Network = Network.NONE,
-                 forward: Mapping[int, tuple[str, int]] | None = None) -> None:
+                 forward: Mapping[int, tuple[str, int]] | None = None,
+                 log_dir: Path | None = None) -> None:
         self.pool = pool
         self.warm = warm
         self.public_host = public_host
         self.boot_timeout = boot_timeout
         self.memory_mb = memory_mb
         self.network = network
+        self.log_dir = log_dir
+        """Where each agent-server's output goes (one file per sandbox), if set."""
         self.forward = dict(forward or {})
         """Ports inside every sandbox that lead to (host, port) outside: the LLM's, say
         (only with ``network="none"``; on the host's network everything is reachable)."""
@@ -361,7 +365,8 @@ class AgentServers:
             exposure.ingress.sandbox = lease.sandbox
         logs: deque[bytes] = deque()
         booted = Booted(lease, process, exposure, key, logs,
-                        asyncio.create_task(_drain(process, logs)), egress)
+                        asyncio.create_task(_drain(process, logs, self._log_path(lease))),
+                        egress)
         try:
             await self._wait_healthy(booted)
         except BaseException:
@@ -459,20 +464,39 @@ class AgentServers:
             await booted.egress.close()
         await booted.lease.release(outcome)
 
+    def _log_path(self, lease: Lease) -> Path | None:
+        if self.log_dir is None:
+            return None
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        return self.log_dir / f"agent-server-{lease.sandbox.id}.log"
+
     def _client(self) -> aiohttp.ClientSession:
         if self._http is None:
             self._http = aiohttp.ClientSession()
         return self._http
 
 
-async def _drain(process: Process, logs: deque[bytes]) -> None:
-    """Keep the last LOG_BYTES of the agent-server's output (for failures)."""
-    size = 0
-    async for chunk in process:
-        logs.append(chunk.data)
-        size += len(chunk.data)
-        while size > LOG_BYTES and len(logs) > 1:
-            size -= len(logs.popleft())
+async def _drain(process: Process, logs: deque[bytes], path: Path | None) -> None:
+    """Keep the last LOG_BYTES of the agent-server's output (for failures), and all of
+    it in ``path`` if given."""
+    sink = await asyncio.to_thread(path.open, "ab") if path else None
+    try:
+        async for chunk in process:
+            if sink is not None:
+                sink.write(chunk.data)
+                sink.flush()
+            _keep(logs, chunk.data)
+    finally:
+        if sink is not None:
+            sink.close()
+
+
+def _keep(logs: deque[bytes], data: bytes) -> None:
+    size = sum(map(len, logs))
+    logs.append(data)
+    size += len(data)
+    while size > LOG_BYTES and len(logs) > 1:
+        size -= len(logs.popleft())
 
 
 def _tail(logs: deque[bytes]) -> str:

@@ -17,6 +17,7 @@ import secrets
 import signal
 import sys
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 from aiohttp import web
 from rollbox import Pool, open_backend
@@ -69,6 +70,8 @@ def configure_serve(parser: argparse.ArgumentParser) -> None:
                         help="rollbox backend (default: $ROLLBOX_BACKEND or 'local')")
     parser.add_argument("--max-sandboxes", type=int, default=None,
                         help="at most this many sandboxes at once (default: no limit)")
+    parser.add_argument("--agent-logs", default=None, metavar="DIR",
+                        help="write each agent-server's output to DIR/agent-server-SANDBOX.log")
     parser.add_argument("--network", choices=[n.value for n in Network], default="none",
                         help="the agent-servers' network: none (default; reached through "
                              "rollbox, out only through --forward) or host")
@@ -106,7 +109,8 @@ async def _serve(args: argparse.Namespace, api_key: str) -> int:
         open_backend(args.backend) as backend,
         Pool(backend, max_sandboxes=args.max_sandboxes) as pool,
         AgentServers(pool, warm=args.warm, network=Network(args.network),
-                     forward=parse_forward(args.forward)) as servers,
+                     forward=parse_forward(args.forward),
+                     log_dir=Path(args.agent_logs) if args.agent_logs else None) as servers,
         serving(RuntimeAPI(servers, api_key), args.host, args.port) as url,
     ):
         print(f"OpenHands Runtime API on {url}", file=sys.stderr, flush=True)
