@@ -44,6 +44,12 @@ LAUNCHER = "/usr/local/bin/openhands-agent-server"
 DEFAULT_VERSION = "1.58.2"
 BASE_LABEL = "org.rollbox.base"
 
+CONSTRAINTS = ("mcp<2",)
+"""OpenHands builds its images from a lockfile; installing from PyPI resolves the newest
+dependencies instead. Those known to break the agent-server are held back here: mcp 2
+dropped the server API browser-use's MCP server uses (the browser tool then fails to
+start, and the app server cannot create a conversation)."""
+
 _SKIP_IN_PREFIX = ("lib/python3.{minor}/test", "lib/python3.{minor}/idlelib",
                    "lib/python3.{minor}/tkinter", "lib/python3.{minor}/turtledemo",
                    "lib/python3.{minor}/site-packages")
@@ -113,6 +119,8 @@ def build(request: BuildRequest) -> Path:
             # its original place: point the loader at the copy.
             "LD_LIBRARY_PATH": f"{PREFIX}/python/lib",
             "OPENHANDS_AGENT_SERVER_VERSION": request.version,
+            # A sandbox has no route to the internet by default: no price-list download.
+            "LITELLM_LOCAL_MODEL_COST_MAP": "True",
         })
     return request.output
 
@@ -158,8 +166,12 @@ def _stage_venv(uv: str, root: Path, requirements: Sequence[str]) -> None:
     # that overrides OpenHands' packages away) must not change what goes in the image.
     _run([uv, "venv", "--quiet", "--no-config", "--python", str(staged_python), str(venv)],
          "uv venv")
+    constraints = venv.parent / "constraints.txt"
+    constraints.write_text("\n".join(CONSTRAINTS) + "\n")
     _run([uv, "pip", "install", "--quiet", "--no-config", "--compile-bytecode",
-          "--python", str(venv / "bin/python"), *requirements], "installing the agent-server")
+          "--python", str(venv / "bin/python"), "--constraint", str(constraints),
+          *requirements], "installing the agent-server")
+    constraints.unlink()
     # Point the virtualenv at the interpreter's place inside the image.
     final_python = f"{PREFIX}/python/bin/{staged_python.name}"
     cfg = venv / "pyvenv.cfg"
@@ -198,8 +210,11 @@ def _stage_chromium(root: Path, debs: Path) -> None:
         raise UsageError("--chromium needs Debian's apt-get and dpkg-deb (or build without "
                          "it and install chromium on the host: the image shows the host's "
                          "/usr)")
-    plan = subprocess.run(["apt-get", "install", "--simulate", "--no-install-recommends",
-                           "chromium"], capture_output=True, text=True)
+    simulate = ["apt-get", "install", "--simulate", "--no-install-recommends", "chromium"]
+    plan = subprocess.run(simulate, capture_output=True, text=True)
+    if plan.returncode != 0 and os.geteuid() == 0:  # no package lists yet: fetch them
+        subprocess.run(["apt-get", "update", "-qq"], capture_output=True)
+        plan = subprocess.run(simulate, capture_output=True, text=True)
     if plan.returncode != 0:
         raise UsageError(f"apt-get cannot plan chromium: {plan.stderr[-2000:]} "
                          "(run `apt-get update` once as root)")
