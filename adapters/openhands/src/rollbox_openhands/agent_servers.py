@@ -380,12 +380,15 @@ class AgentServers:
         inside = asyncio.create_task(booted.lease.sandbox.exec(
             [PYTHON, "-I", "-S", "-c", _WAIT_HEALTHY, str(booted.exposure.port)],
             timeout=self.boot_timeout))
-        done, _ = await asyncio.wait({inside, booted.drained},
-                                     return_when=asyncio.FIRST_COMPLETED)
+        try:
+            done, _ = await asyncio.wait({inside, booted.drained},
+                                         return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            if not inside.done():
+                inside.cancel()
+                with contextlib.suppress(BaseException):
+                    await inside
         if inside not in done:
-            inside.cancel()
-            with contextlib.suppress(BaseException):
-                await inside
             raise CreateFailedError(
                 "the agent-server exited while booting:\n" + _tail(booted.logs),
                 sandbox_id=booted.lease.sandbox.id)
