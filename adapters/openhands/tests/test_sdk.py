@@ -88,6 +88,16 @@ def test_source_target_and_a_warm_second_start(sdk_image: str, runtime_api) -> N
             result = workspace.execute_command("echo $ROLLBOX_SANDBOX_ID; pwd")
             assert result.exit_code == 0
             sandboxes.append(result.stdout.split()[0])
+            # The sandbox has no network: the host's loopback (this Runtime API, say)
+            # is out of its reach ...
+            port = runtime_api.url.rsplit(":", 1)[1]
+            probe = workspace.execute_command(
+                "python3 -c 'import socket; socket.create_connection((\"127.0.0.1\", "
+                f"{port}), timeout=3)' 2>&1 | tail -1")
+            assert "Connection refused" in probe.stdout, probe.stdout
+            # ... and the agent-server answers no API call without its session key.
+            bare = httpx.get(f"{workspace.host}/api/conversations/search", timeout=30)
+            assert bare.status_code == 401
             runtime = httpx.get(f"{runtime_api.url}/sessions/{workspace.session_id}",
                                 headers=headers).json()
             assert runtime["sandbox_id"] == sandboxes[-1]

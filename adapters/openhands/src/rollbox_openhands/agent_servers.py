@@ -36,7 +36,7 @@ import socket
 import uuid
 from collections import deque
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import aiohttp
@@ -181,7 +181,6 @@ class _Active:
     booted: Booted | None = None
     booting: asyncio.Task[Booted] | None = None
     paused: bool = False
-    extra: dict[str, str] = field(default_factory=dict)
 
 
 class AgentServers:
