@@ -177,6 +177,10 @@ class Ingress:
             return
         try:
             await _splice(reader, writer, process)
+        except asyncio.CancelledError:
+            # Only close() cancels these; asyncio's connection callback would log a
+            # cancelled handler as an error.
+            writer.close()
         finally:
             self._tasks.discard(task)
 
