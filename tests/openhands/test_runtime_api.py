@@ -38,6 +38,9 @@ class Listed:
     def live(self) -> Sequence[Runtime]:
         return list(self.runtimes.values())
 
+    def warm_ready(self) -> int:
+        return 2
+
     async def pause(self, runtime: Runtime) -> None:
         self.calls.append(f"pause {runtime.runtime_id}")
 
@@ -103,3 +106,4 @@ async def test_routes_and_auth() -> None:
     assert (await api.handle("POST", "/stop", [], KEY, b"{}")).status == 400
     assert (await api.handle("GET", "/list", [], KEY, b"")).body == {"runtimes": []}
     assert (await api.handle("DELETE", "/list", [], KEY, b"")).status == 405
+    assert (await api.handle("GET", "/rollbox/warm", [], KEY, b"")).body == {"ready": 2}

@@ -263,6 +263,9 @@ class AgentServers:
     def live(self) -> Sequence[Runtime]:
         return [a.runtime for a in self._active.values()]
 
+    def warm_ready(self) -> int:
+        return sum(len(ready) for ready in self._ready.values())
+
     async def pause(self, runtime: Runtime) -> None:
         """Freeze every process of the sandbox (SIGSTOP: memory is kept, no CPU is
         used) but rollbox's own init; ``resume`` continues them (SIGCONT)."""

@@ -8,6 +8,7 @@ from a service speaking this API. Every call carries ``X-API-Key``:
     GET  /sessions/{id}    one runtime by session id (404: unknown)
     GET  /sessions/batch   ?ids=a&ids=b -> a list of runtimes (unknown ids left out)
     GET  /list             {"runtimes": [...]}: the live ones
+    GET  /rollbox/warm     {"ready": N}: booted agent-servers waiting (rollbox's own)
     POST /pause|/resume|/stop   {"runtime_id": ...}
 
 A runtime object carries both vocabularies its clients read: ``status`` (the app server:
@@ -124,6 +125,10 @@ class Runtimes(Protocol):
 
     def live(self) -> Sequence[Runtime]: ...
 
+    def warm_ready(self) -> int:
+        """Booted agent-servers waiting for a /start (of any kind)."""
+        ...
+
     async def pause(self, runtime: Runtime) -> None: ...
 
     async def resume(self, runtime: Runtime) -> None: ...
@@ -176,6 +181,8 @@ class RuntimeAPI:
     def _get(self, path: str, query: Sequence[tuple[str, str]]) -> Reply:
         if path == "/list":
             return Reply(200, {"runtimes": [r.to_json() for r in self.runtimes.live()]})
+        if path == "/rollbox/warm":  # rollbox's own: not part of OpenHands' API
+            return Reply(200, {"ready": self.runtimes.warm_ready()})
         if path == "/sessions/batch":
             found = (self.runtimes.by_session(v) for k, v in query if k == "ids")
             return Reply(200, [r.to_json() for r in found if r is not None])
