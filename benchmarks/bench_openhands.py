@@ -34,6 +34,7 @@ import httpx
 from rollbox_openhands.testing.scripted_llm import ScriptedLLM
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 os.environ.setdefault("OPENHANDS_SUPPRESS_BANNER", "1")
 
 
@@ -105,7 +106,9 @@ def process_start_to_healthy(log_dir: Path) -> float:
     process = subprocess.Popen(
         [sys.executable, "-m", "openhands.agent_server", "--host", "127.0.0.1", "--port",
          str(port)], cwd=workdir, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        env={**os.environ, "OH_SESSION_API_KEYS_0": "bench"})
+        # The PATH a sandbox has: with the host's (uvx on it) the agent-server's tool
+        # preload tries to download Chromium at boot, which no sandbox does.
+        env={**os.environ, "OH_SESSION_API_KEYS_0": "bench", "PATH": SYSTEM_PATH})
     try:
         while True:
             try:
