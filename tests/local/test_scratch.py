@@ -47,14 +47,23 @@ def test_memory_that_is_not_possible_is_an_error_only_when_asked_for(
 
 
 @needs_memory
-def test_directories_of_dead_processes_are_cleared_at_start(state_dir: Path) -> None:
-    disk = state_dir / "sandboxes"
-    stale = disk / "999999999.12345-deadbeef"  # above any pid_max: that process is gone
-    (stale / "lbx-x" / "g0").mkdir(parents=True)
-    alive = disk / f"{owner_name()}"
+def test_directories_of_dead_processes_are_cleared_at_start(
+    state_dir: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    # A /dev/shm of this test's own: the real one's directory for this process is shared
+    # by every backend the test session has open, so it is not empty when this one closes.
+    monkeypatch.setattr(scratch, "SHM", tmp_path / "shm")
+    monkeypatch.setattr(scratch, "_is_tmpfs", lambda _path: True)
+    memory = tmp_path / "shm" / f"rollbox-{os.geteuid()}"
+    dead = "999999999.12345-deadbeef"  # above any pid_max: that process is gone
+    stale = [state_dir / "sandboxes" / dead, memory / dead]
+    for path in stale:
+        (path / "lbx-x" / "g0").mkdir(parents=True)
+    os.chmod(memory, 0o700)
+    alive = state_dir / "sandboxes" / owner_name()
     alive.mkdir(parents=True, exist_ok=True)
     chosen = Scratch.choose("auto", state_dir)
-    assert not stale.exists() and alive.exists()
+    assert not any(path.exists() for path in stale) and alive.exists()
     place = chosen.place()
     assert place.name == owner_name()
     chosen.close()

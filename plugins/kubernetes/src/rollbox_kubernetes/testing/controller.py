@@ -64,6 +64,12 @@ def _quantity(text: str, units: dict[str, float]) -> float:
     return float(text)
 
 
+# A kubelet sets no per-pod process limit unless ``--pod-max-pids`` is given; the backing
+# sandbox gets a generous one, so a pod's exec wrappers (several processes per command, 100
+# commands at once in the conformance suite) never hit the local backend's smaller default.
+POD_MAX_PIDS = 4096
+
+
 def limits(container: Obj) -> Resources:
     """The container's limits as the backing sandbox's resources."""
     found = (container.get("resources") or {}).get("limits") or {}
@@ -74,7 +80,7 @@ def limits(container: Obj) -> Resources:
             "G": 1e9 / 2**20, "": 1 / 2**20})))
     if "cpu" in found:
         cpus = _quantity(str(found["cpu"]), {"m": 0.001, "": 1})
-    return Resources(cpus=cpus, memory_mb=memory_mb)
+    return Resources(cpus=cpus, memory_mb=memory_mb, pids=POD_MAX_PIDS)
 
 
 def _cond(kind: str, ok: bool, reason: str, message: str = "") -> Obj:
