@@ -294,7 +294,7 @@ def _mnt_ns(pid: int | str) -> str | None:
 
 def sandbox_processes(roots: list[Path]) -> dict[int, str]:
     """Processes of the sandboxes whose directories are under ``roots`` (a backend's
-    ``scratch.roots``): their bwrap processes, and every process inside one of their
+    ``scratch.place()``): their bwrap processes, and every process inside one of their
     mount namespaces (the agents). pid -> kind."""
     markers, own_ns = [str(root).encode() for root in roots], _mnt_ns("self")
     procs = [e.name for e in Path("/proc").iterdir() if e.name.isdigit()]
@@ -351,7 +351,7 @@ async def bench_idle_once(spec: SandboxSpec, cfg: Config, *, prepare: bool) -> d
             report["create_all_s"] = time.perf_counter() - started
             await asyncio.sleep(2)
             after, kernel_after = used_bytes(), meminfo()
-            procs = sandbox_processes(backend.scratch.roots)
+            procs = sandbox_processes([backend.scratch.place()])
             pss = {pid: pss_bytes(pid) for pid in procs}
             agents = {pid: _mnt_ns(pid) for pid, kind in procs.items() if kind == "agent"}
             report.update(
@@ -372,7 +372,7 @@ async def bench_idle_once(spec: SandboxSpec, cfg: Config, *, prepare: bool) -> d
             *await backend.leftovers(),
             *(f"agent {p} still runs" for p in survivors),
             *([f"{mounts} mounts under {state}"] if mounts else []),
-            *(f"process {p} still runs" for p in sandbox_processes(backend.scratch.roots)),
+            *(f"process {p} still runs" for p in sandbox_processes([backend.scratch.place()])),
         ]
     finally:
         await backend.aclose()

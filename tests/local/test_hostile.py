@@ -9,6 +9,7 @@ import contextlib
 import os
 import random
 import stat
+import sys
 import textwrap
 import time
 from collections.abc import AsyncIterator
@@ -310,3 +311,74 @@ async def test_ports_are_reached_through_the_agent_only(sandbox: LocalSandbox) -
     answer = await asyncio.wait_for(reader.read(), 5)
     writer.close()
     assert token.encode() not in answer
+
+
+# -- 6 (cont.). kill -9 of the owner -----------------------------------------------------
+
+OWNER = textwrap.dedent("""
+    import asyncio, os, sys
+    from rollbox import SandboxSpec
+    from rollbox_local import LocalBackend
+
+    async def main():
+        backend = LocalBackend(state_dir=sys.argv[1], scratch=sys.argv[2])
+        busy = await backend.create(SandboxSpec(image="host"))
+        await busy.exec("(setsid sh -c 'exec sleep 1000 rbx-marker-" + sys.argv[3] +
+                        "' > /dev/null 2>&1 &)")
+        idle = await backend.create(SandboxSpec(image="host"))
+        await idle.exec("echo x > /tmp/x")
+        await idle.snapshot()
+        print(os.getpid(), flush=True)
+        await asyncio.sleep(1000)
+
+    asyncio.run(main())
+""")
+
+
+@pytest.mark.parametrize("scratch", ["memory", "disk"])
+async def test_after_kill_9_of_the_owner_nothing_outlives_the_next_start(
+    state_dir: Path, scratch: str
+) -> None:
+    from rollbox_local.scratch import memory_unavailable
+
+    if scratch == "memory" and memory_unavailable():
+        pytest.skip(memory_unavailable() or "")
+    marker = os.urandom(6).hex()
+    owner = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", OWNER, str(state_dir), scratch, marker,
+        stdout=asyncio.subprocess.PIPE, start_new_session=True)
+    assert owner.stdout is not None
+    line = await asyncio.wait_for(owner.stdout.readline(), 60)
+    assert line.strip().isdigit(), line
+    owner.kill()  # SIGKILL: no cleanup of its own
+    await owner.wait()
+
+    def marked() -> list[int]:
+        found = []
+        for entry in Path("/proc").iterdir():
+            with contextlib.suppress(OSError):
+                if entry.name.isdigit() and marker.encode() in (entry / "cmdline").read_bytes():
+                    found.append(int(entry.name))
+        return found
+
+    deadline = time.monotonic() + 10
+    while await asyncio.to_thread(marked):
+        assert time.monotonic() < deadline, "a process of the dead owner's sandbox lives on"
+        await asyncio.sleep(0.1)
+    name = f"{line.decode().strip()}."
+    places = [state_dir / "sandboxes", state_dir / "snapshots", Path("/dev/shm") /
+              f"rollbox-{os.geteuid()}"]
+
+    def owned() -> list[Path]:
+        return [p for place in places if place.is_dir() for p in place.iterdir()
+                if p.name.startswith(name)]
+
+    assert await asyncio.to_thread(owned), "the dead owner left nothing to clean (test setup)"
+    async with LocalBackend(state_dir=state_dir, scratch=scratch) as fresh:
+        assert await asyncio.to_thread(owned) == []
+        assert not any(name in str(p) for p in _cgroup_dirs())
+        assert await fresh.leftovers() == []
+
+
+def _cgroup_dirs() -> list[Path]:
+    return list(Path("/sys/fs/cgroup").rglob("rollbox-*"))

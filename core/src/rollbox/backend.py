@@ -168,6 +168,13 @@ class Backend(ABC):
         """Checks that this backend can run on this machine (``rollbox doctor``)."""
         return []
 
+    @classmethod
+    def clean(cls) -> list[str]:
+        """Remove what processes of this backend that died without closing it left
+        behind (``rollbox doctor --clean``); one line per thing removed. A backend that
+        cleans up after dead owners when it starts does the same here."""
+        return []
+
     def __deepcopy__(self, memo: dict[int, object]) -> Backend:
         """A backend is a live resource (its sandboxes, processes, connections): a deep
         copy shares it. ``gymnasium.make`` deep-copies its keyword arguments, a backend

@@ -35,6 +35,7 @@ from rollbox.errors import (
 from rollbox.sandbox import Capabilities, Snapshot
 from rollbox.spec import SandboxSpec
 
+from rollbox_local import cleanup
 from rollbox_local import doctor as doctor_checks
 from rollbox_local.bwrap import Bwrap, find_bwrap, write_etc
 from rollbox_local.cgroups import Cgroups
@@ -84,6 +85,7 @@ class LocalBackend(Backend):
         self.ids = sandbox_ids()
         for sub in ("snapshots", "empty"):
             (self.state_dir / sub).mkdir(parents=True, exist_ok=True)
+        cleanup.sweep_dead(self.state_dir)  # what crashed owners left (cleanup.py)
         self.scratch = Scratch.choose(scratch, self.state_dir)
         self.cgroups, self.cgroups_missing = _choose_cgroups(cgroups)
         self.capabilities = dataclasses.replace(
@@ -340,6 +342,10 @@ class LocalBackend(Backend):
     @classmethod
     def doctor(cls) -> list[Diagnostic]:
         return doctor_checks.run_checks()
+
+    @classmethod
+    def clean(cls) -> list[str]:
+        return cleanup.sweep_dead(default_home())
 
 
 def _choose_cgroups(wanted: bool | None) -> tuple[Cgroups | None, str]:

@@ -267,6 +267,20 @@ def _make_base_v2(parent: Path) -> Path:
     return base
 
 
+def sweep_all_dead() -> list[Path]:
+    """Remove the base groups of dead backend processes wherever this process could
+    have made them (what ``detect`` sweeps, without making a group of its own)."""
+    v2_root, v1_mounts = _mounts()
+    own = _own_groups()
+    removed: list[Path] = []
+    if v2_root is not None:
+        for parent in _v2_candidates(v2_root, own.get("", "/")):
+            removed += sweep_dead(parent, version=2)
+    for controller, mount in v1_mounts.items():
+        removed += sweep_dead(mount / own.get(controller, "/").lstrip("/"), version=1)
+    return removed
+
+
 def sweep_dead(parent: Path, *, version: int) -> list[Path]:
     """Remove the base groups under ``parent`` whose backend process is gone."""
     removed = []

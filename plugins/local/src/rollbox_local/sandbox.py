@@ -157,6 +157,21 @@ class LocalSandbox(Sandbox):
             raise ResetFailedError(f"sandbox {self.id}'s fresh generation died at once",
                                    sandbox_id=self.id)
         self._current = fresh
+        if self.spec.reset_command is not None:
+            await self._run_reset_command(self.spec.reset_command)
+
+    async def _run_reset_command(self, command: str) -> None:
+        """The spec's ``reset_command`` runs after the layer is dropped, as on every
+        backend that resets in place (here the image's state is already back)."""
+        try:
+            result = await self.exec(command, timeout=self.spec.timeouts.reset_s)
+        except SandboxError as exc:
+            raise ResetFailedError(f"sandbox {self.id}: reset_command failed: {exc.message}",
+                                   sandbox_id=self.id) from exc
+        if not result.ok:
+            raise ResetFailedError(
+                f"sandbox {self.id}: reset_command exited {result.exit_code}: "
+                f"{result.stderr[-300:].decode(errors='replace')}", sandbox_id=self.id)
 
     def _retire(self, old: Generation) -> None:
         """Kill a replaced generation now (if close has not); its teardown is waited for
