@@ -46,8 +46,16 @@ class HostShellSandbox(Sandbox):
     def __init__(self, backend: HostShellBackend, spec: SandboxSpec) -> None:
         super().__init__(f"host-{uuid.uuid4().hex[:8]}", spec)
         self.backend = backend
-        self.root = Path(tempfile.mkdtemp(prefix="rbx-hostshell-"))
+        self._root: Path | None = None
         self.closed = False
+
+    @property
+    def root(self) -> Path:
+        """The private directory of its files, made on first use (an owner killed in
+        the crash test leaves none behind)."""
+        if self._root is None:
+            self._root = Path(tempfile.mkdtemp(prefix="rbx-hostshell-"))
+        return self._root
 
     def _path(self, path: str) -> Path:
         return self.root / resolve_path(path, self.spec.workdir).lstrip("/")
@@ -102,7 +110,8 @@ class HostShellSandbox(Sandbox):
     async def close(self) -> None:
         if not self.closed:
             self.closed = True
-            shutil.rmtree(self.root, ignore_errors=True)
+            if self._root is not None:
+                shutil.rmtree(self._root, ignore_errors=True)
 
 
 class HostShellBackend(Backend):

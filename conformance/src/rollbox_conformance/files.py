@@ -210,11 +210,12 @@ class FileTests(BackendTestBase):
             await asyncio.sleep(0.5)  # let them reach the backend's workers
             async with self.within(self.spec.timeouts.create_s, "a create beside FIFO calls"):
                 other = await backend.create(self.spec)
+            beside = self.scratch("beside-fifos")
             try:
                 async with self.within(self.timeout_slack_s,
                                        "another sandbox's file calls beside FIFO calls"):
-                    await other.write_file("/tmp/rbx-beside-fifos", b"fine")
-                    assert await other.read_file("/tmp/rbx-beside-fifos") == b"fine"
+                    await other.write_file(beside, b"fine")
+                    assert await other.read_file(beside) == b"fine"
             finally:
                 await other.close()
             async with self.within(self.timeout_slack_s, "file calls on FIFOs"):

@@ -31,9 +31,11 @@ async def _own(marker, spec):
     busy = await backend.create(spec)
     idle = await backend.create(spec)
     if backend.capabilities.shell:
-        await busy.exec(f"(setsid sh -c 'sleep 300; :' {marker} </dev/null >/dev/null 2>&1 &)",
-                        timeout=60)
-        running = busy.exec(f"sh -c 'sleep 300; :' {marker}", timeout=600)
+        # Loops of short sleeps: every process that lives long has the marker in its
+        # command line (the test kills what survives, a sleep of 1 s ends by itself).
+        loop = f"sh -c 'while :; do sleep 1; done' {marker} </dev/null >/dev/null 2>&1"
+        await busy.exec(f"(setsid {loop} &)", timeout=60)
+        running = busy.exec(loop, timeout=600)
     else:
         running = busy.exec(["sleep", "300"], timeout=600)
     task = asyncio.ensure_future(running)
