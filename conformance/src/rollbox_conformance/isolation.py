@@ -89,7 +89,8 @@ class IsolationTests(BackendTestBase):
         try:
             result = await self.python(isolated, swap.script())
             if result.exit_code == 77:
-                pytest.skip(f"the sandbox cannot swap names atomically: {result.text.strip()}")
+                pytest.skip("no python3, or no atomic exchange of names (renameat2): "
+                            f"{result.text.strip()}")
             assert result.text == "swapping\n", result
             yield swap
         finally:
