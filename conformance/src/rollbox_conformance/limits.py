@@ -200,10 +200,11 @@ class LimitsTests(BackendTestBase):
         self.require(limits_backend, "inode_limit")
         token = uuid.uuid4().hex
         dirs = [f"{d}/rbx-inodes-{token}" for d in dict.fromkeys([self.scratch_dir, "/dev/shm"])]
+        # `true > file`, not `: > file`: a failed redirection of the special builtin `:`
+        # would end the shell
         script = (f"mkdir -p {dirs[0]} || exit 1; mkdir -p {' '.join(dirs[1:])} 2>/dev/null\n"
                   f"set -- {' '.join(dirs)}; i=0\n"
-                  "while [ $i -lt 6000 ]; do\n"  # true, not the special builtin :, whose failed
-                  # redirection would end the shell
+                  "while [ $i -lt 6000 ]; do\n"
                   '  d=$1; shift; set -- "$@" "$d"; [ -d "$d" ] || continue\n'
                   '  true > "$d/$i" 2>/dev/null || break; i=$((i + 1))\n'
                   f"done; rm -rf {' '.join(dirs)}; echo $i")
