@@ -304,6 +304,8 @@ class KubernetesBackend(Backend):
         raise CreateFailedError(f"pod for image {spec.image!r} failed: {message}")
 
     async def _create_pod(self, spec: SandboxSpec) -> KubeSandbox:
+        if spec.network is Network.NONE:
+            await self._ensure_deny_all()  # the pod carries its label (render.raw_pod)
         name = self._name(render.spec_key(spec, self.options))
         await self._create_then(PODS, "pod", name, render.raw_pod(name, spec, self.options),
                                 lambda created: self._await_pod(name, created, spec))
