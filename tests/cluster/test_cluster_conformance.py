@@ -22,13 +22,13 @@ from cluster_support import IMAGE
 from rollbox import Backend, SandboxSpec
 from rollbox_conformance import BackendTests
 from rollbox_kubernetes import KubernetesBackend
-from rollbox_kubernetes.testing.conformance import ClaimingBackend, KubernetesHooks
+from rollbox_kubernetes.testing.conformance import ClaimingBackend, KnownHoles, KubernetesHooks
 from rollbox_kubernetes.testing.fixtures import ClusterAccess
 
 pytestmark = pytest.mark.slow
 
 
-class ClusterConformance(KubernetesHooks, BackendTests):
+class ClusterConformance(KnownHoles, KubernetesHooks, BackendTests):
     backend_class: ClassVar[type[KubernetesBackend]] = KubernetesBackend
     options: ClassVar[dict[str, Any]] = {}
     spec: ClassVar[SandboxSpec] = SandboxSpec(image=IMAGE, workdir="/work")

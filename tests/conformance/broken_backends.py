@@ -2,33 +2,37 @@
 
 ``test_suite_can_fail.py`` runs the suite against them and expects failures; a suite
 that passes them would prove nothing. Most are FakeBackend with one thing wrong; the
-host-shell backend runs real commands on this machine while claiming isolation.
+host-shell backends (``broken_host_shells.py``, re-exported here) run real commands on
+this machine while claiming isolation.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import os
-import shutil
-import signal
 import tempfile
 import uuid
 from collections.abc import Mapping
 from pathlib import Path
 from typing import ClassVar
 
-from rollbox import Backend, Capabilities, ExecRequest, ExecResult, Sandbox, SandboxSpec, Snapshot
-from rollbox.errors import (
-    CommandNotFoundError,
-    CreateFailedError,
-    ExecTimeoutError,
-    SandboxFileNotFoundError,
-    SandboxLostError,
+from broken_host_shells import (
+    ClaimsEveryLimit,
+    HostPathsBackend,
+    HostShellBackend,
+    LeaksAnFd,
+    TimeoutKillsEverything,
 )
+from rollbox import ExecRequest, ExecResult, SandboxSpec, Snapshot
+from rollbox.errors import CreateFailedError, ExecTimeoutError
 from rollbox.sandbox import resolve_path
 from rollbox.testing import FakeBackend, FakeSandbox, builtin_handler
+
+__all__ = [  # the host-shell ones are run from here too
+    "ClaimsEveryLimit", "HostPathsBackend", "HostShellBackend", "LeaksAnFd",
+    "TimeoutKillsEverything",
+]
 
 
 class IsolatedFake(FakeBackend):
@@ -79,6 +83,26 @@ class _SilentCapSandbox(FakeSandbox):
 
 class TruncatesSilently(_BrokenFake):
     sandbox_class = _SilentCapSandbox
+
+
+class _FragileTimeoutsSandbox(FakeSandbox):
+    """Dies when a command times out while another of its commands runs (as an agent
+    whose reaper trips over a pid it already forgot)."""
+
+    async def run(self, request: ExecRequest) -> ExecResult:
+        self.__dict__["running"] = self.__dict__.get("running", 0) + 1
+        try:
+            return await super().run(request)
+        except ExecTimeoutError:
+            if self.__dict__["running"] > 1:
+                self.lost = True
+            raise
+        finally:
+            self.__dict__["running"] -= 1
+
+
+class LosesSandboxesUnderTimeouts(_BrokenFake):
+    sandbox_class = _FragileTimeoutsSandbox
 
 
 # -- lifecycle and failures ---------------------------------------------------------------
@@ -164,6 +188,19 @@ class FilesEscape(_BrokenFake):
     sandbox_class = _EscapingFilesSandbox
 
 
+class _DeviceReadingSandbox(FakeSandbox):
+    async def read_file(self, path: str) -> bytes:
+        if resolve_path(path, self.spec.workdir) in ("/dev/zero", "/dev/urandom"):
+            return bytes(1 << 20)  # stands for an endless read; simulated, never done
+        return await super().read_file(path)
+
+
+class ReadsDevices(_BrokenFake):
+    """read_file of a device returns what the device gives (here: 1 MiB of it)."""
+
+    sandbox_class = _DeviceReadingSandbox
+
+
 class _NoResetSandbox(FakeSandbox):
     async def reset(self) -> None:
         self.backend.resets += 1  # claims success, keeps every file
@@ -218,89 +255,11 @@ class SharedFiles(_BrokenFake):
         return sandbox
 
 
-# -- a real shell on the host, claiming isolation and limits it does not have -------------
+# -- limits ---------------------------------------------------------------------------------
 
 
-class HostShellSandbox(Sandbox):
-    """Runs commands on the host. Its files live in a private directory; a timeout
-    kills only the command's first process; close kills nothing."""
+class AcceptsEveryLimit(FakeBackend):
+    """Takes any spec: a limit it cannot enforce is silently ignored."""
 
-    def __init__(self, backend: HostShellBackend, spec: SandboxSpec) -> None:
-        super().__init__(f"host-{uuid.uuid4().hex[:8]}", spec)
-        self.backend = backend
-        self.root = Path(tempfile.mkdtemp(prefix="rbx-hostshell-"))
-        self.closed = False
-
-    def _path(self, path: str) -> Path:
-        return self.root / resolve_path(path, self.spec.workdir).lstrip("/")
-
-    async def run(self, request: ExecRequest) -> ExecResult:
-        if self.closed:
-            raise SandboxLostError("closed", sandbox_id=self.id)
-        env = {**request.env, "RBX_HOSTSHELL_TAG": self.backend.tag}
-        try:
-            proc = await asyncio.create_subprocess_exec(
-                *request.argv, cwd=request.cwd, env=env,
-                stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.PIPE,
-            )
-        except FileNotFoundError as exc:
-            raise CommandNotFoundError(str(exc), sandbox_id=self.id) from None
-        try:
-            async with asyncio.timeout(request.timeout_s):
-                out, err = await proc.communicate(request.stdin)
-        except TimeoutError:
-            proc.kill()  # only the first process: the rest of the tree lives on
-            raise ExecTimeoutError("timed out", sandbox_id=self.id,
-                                   timeout_s=request.timeout_s) from None
-        cap = request.output_limit
-        code = proc.returncode if proc.returncode is not None else -1
-        return ExecResult(code, out[:cap], err[:cap], stdout_truncated=len(out) > cap,
-                          stderr_truncated=len(err) > cap)
-
-    async def read_file(self, path: str) -> bytes:
-        try:
-            return self._path(path).read_bytes()
-        except FileNotFoundError:
-            raise SandboxFileNotFoundError(path, sandbox_id=self.id) from None
-
-    async def write_file(self, path: str, data: bytes, *, mode: int = 0o644) -> None:
-        target = self._path(path)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_bytes(data)
-        target.chmod(mode)
-
-    async def reset(self) -> None:
+    def check_spec(self, spec: SandboxSpec) -> None:
         return None
-
-    async def close(self) -> None:
-        if not self.closed:
-            self.closed = True
-            shutil.rmtree(self.root, ignore_errors=True)
-
-
-class HostShellBackend(Backend):
-    name = "broken-host-shell"
-    capabilities: ClassVar[Capabilities] = Capabilities(
-        isolation=True, shell=True, file_size_limit=True, pids_limit=True
-    )
-
-    def __init__(self) -> None:
-        self.tag = uuid.uuid4().hex
-
-    async def create(self, spec: SandboxSpec) -> HostShellSandbox:
-        return HostShellSandbox(self, spec)
-
-    async def aclose(self) -> None:
-        """Clean up after the test (not part of the broken behaviour): kill every host
-        process started by this backend, found by the tag in its environment."""
-        _kill_tagged(f"RBX_HOSTSHELL_TAG={self.tag}".encode())
-
-
-def _kill_tagged(needle: bytes) -> None:
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        with contextlib.suppress(OSError):
-            if needle in (entry / "environ").read_bytes().split(b"\0"):
-                os.kill(int(entry.name), signal.SIGKILL)

@@ -8,6 +8,7 @@ left runs in well under a few seconds.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import pytest
 from rollbox import Backend, Sandbox
@@ -29,3 +30,6 @@ class TestFakeConformance(BackendTests):
     async def inject_create_failure(self, backend: Backend) -> None:
         assert isinstance(backend, FakeBackend)
         backend.fail_creates = 1
+
+    def owner_script(self, state: Path) -> str:
+        return "from rollbox.testing import FakeBackend as make_backend\n"

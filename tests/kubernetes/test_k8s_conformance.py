@@ -18,11 +18,11 @@ from rollbox import Backend, SandboxSpec
 from rollbox_conformance import BackendTests
 from rollbox_kubernetes import KubernetesBackend
 from rollbox_kubernetes.testing import ApiServerEmulator
-from rollbox_kubernetes.testing.conformance import KubernetesHooks
+from rollbox_kubernetes.testing.conformance import KnownHoles, KubernetesHooks
 from rollbox_local import LocalBackend
 
 
-class TestKubernetesConformance(KubernetesHooks, BackendTests):
+class TestKubernetesConformance(KnownHoles, KubernetesHooks, BackendTests):
     spec: ClassVar[SandboxSpec] = SandboxSpec(image="host", workdir="/work")
 
     @pytest_asyncio.fixture

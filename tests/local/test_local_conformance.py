@@ -45,3 +45,7 @@ class TestLocalConformance(BackendTests):
                 backend._bwrap = real
 
         backend.create = failing_once  # type: ignore[method-assign]
+
+    def owner_script(self, state: Path) -> str:
+        return ("from rollbox_local import LocalBackend\n\n\n"
+                f"def make_backend():\n    return LocalBackend(state_dir={str(state)!r})\n")

@@ -61,6 +61,34 @@ def _write_back(paths: list[str]) -> str:
     )
 
 
+def _socket_families(families: dict[str, int]) -> str:
+    """Succeeds if a socket of any of ``families`` (by number: Python may lack the name)
+    can be made, of any type."""
+    return (
+        f"families = {families!r}\n"
+        "made = []\n"
+        "for name, family in families.items():\n"
+        "    for kind in (socket.SOCK_STREAM, socket.SOCK_DGRAM, socket.SOCK_SEQPACKET,\n"
+        "                 socket.SOCK_RAW):\n"
+        "        try:\n            socket.socket(family, kind).close()\n"
+        "        except OSError:\n            continue\n"
+        "        made.append(name)\n        break\n"
+        "print(' '.join(made))\n"
+        "sys.exit(0 if made else 1)\n"
+    )
+
+
+UNNEEDED_FAMILIES = {
+    "AF_AX25": 3, "AF_IPX": 4, "AF_APPLETALK": 5, "AF_X25": 9, "AF_KEY": 15, "AF_RDS": 21,
+    "AF_PPPOX": 24, "AF_LLC": 26, "AF_CAN": 29, "AF_TIPC": 30, "AF_BLUETOOTH": 31,
+    "AF_RXRPC": 33, "AF_PHONET": 35, "AF_IEEE802154": 36, "AF_CAIF": 37, "AF_ALG": 38,
+    "AF_NFC": 39, "AF_KCM": 41, "AF_QIPCRTR": 42, "AF_SMC": 43, "AF_XDP": 44, "AF_MCTP": 45,
+}
+"""Socket families a sandbox without network has no use for: other link layers and
+protocols, key management, kernel crypto. Each is kernel attack surface (and on a host
+whose kernel has them as modules, asking for one may load it)."""
+
+
 ATTACKS: tuple[Attack, ...] = (
     Attack("mount-tmpfs", "mount a tmpfs",
            'need mount; d=$(mktemp -d) || exit 2\n'
@@ -158,4 +186,8 @@ ATTACKS: tuple[Attack, ...] = (
            "    try:\n        s.connect(address)\n        sys.exit(0)\n"
            "    except OSError:\n        pass\n    finally:\n        s.close()\n"
            "sys.exit(1)\n"),
+    Attack("vsock", "open an AF_VSOCK socket (to the hypervisor or host)", network=True,
+           python=True, script=_socket_families({"AF_VSOCK": 40})),
+    Attack("socket-families", "open a socket of a family no sandbox without network needs",
+           network=True, python=True, script=_socket_families(UNNEEDED_FAMILIES)),
 )

@@ -12,6 +12,8 @@ Hooks, each with a default that is right for most backends:
 - ``inject_create_failure(backend)``: make the next create fail (default: skip).
 - ``leak_check(backend)``: what the backend still holds (default: ``backend.leftovers()``).
 - ``host_secret_paths(tmp_path, rootdir)``: where isolation tests plant host secrets.
+- ``owner_script(state)``: how to build the backend in another process, for the test of
+  what a killed owner leaves behind (default: skip).
 """
 
 from __future__ import annotations
@@ -92,6 +94,16 @@ class BackendTestBase:
         candidates = [tmp_path / "secret.txt", Path.home() / name, Path("/root") / name,
                       rootdir / name]
         return [p for p in dict.fromkeys(candidates) if os.access(p.parent, os.W_OK)]
+
+    def owner_script(self, state: Path) -> str:
+        """Python source defining ``make_backend()``: a new backend of the kind under test,
+        configured like the one under test, keeping its state in ``state`` (a fresh,
+        world-searchable directory).
+
+        The crash test runs it in a fresh interpreter (``sys.executable``) that makes
+        sandboxes and is then killed with SIGKILL, and again in this process, for a fresh
+        backend that must find nothing left."""
+        pytest.skip("override owner_script() to test what a killed owner leaves behind")
 
     # -- helpers ---------------------------------------------------------------------------
 

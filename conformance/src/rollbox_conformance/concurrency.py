@@ -1,11 +1,15 @@
 """Concurrency: many execs on one sandbox and across sandboxes, concurrent creates and
-file operations, and a slow command that does not hold up a fast one."""
+file operations, a slow command that does not hold up a fast one, and a storm of
+timeouts that takes no sandbox down."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import random
 
 from rollbox import Backend, Sandbox
+from rollbox.errors import ExecTimeoutError
 
 from rollbox_conformance.base import BackendTestBase
 
@@ -68,3 +72,37 @@ class ConcurrencyTests(BackendTestBase):
         finally:
             slow.cancel()
             await asyncio.gather(slow, return_exceptions=True)
+
+
+    async def test_a_storm_of_concurrent_timeouts_loses_no_sandbox(
+        self, backend: Backend
+    ) -> None:
+        """Commands killed at their timeout while others of the same sandbox start, end
+        and time out: every sandbox still answers afterwards."""
+        rng = random.Random(11)
+        if backend.capabilities.shell:
+            commands: list[str | list[str]] = [
+                "sleep 2", "sh -c 'sleep 2 & sleep 2'", "true", "echo storm",
+                "(setsid sleep 3 </dev/null >/dev/null 2>&1 &); sleep 1"]
+        else:
+            commands = [["sleep", "2"], ["sleep", "0.2"], ["true"], ["echo", "storm"]]
+        sandboxes = await self.open_sandboxes(backend, 10)
+        try:
+            async def one(sandbox: Sandbox) -> None:
+                timeout = rng.choice([0.001, 0.01, 0.05, 0.2, 1.0])
+                with contextlib.suppress(ExecTimeoutError):
+                    await sandbox.exec(rng.choice(commands), timeout=timeout)
+
+            async with self.within(60 + self.timeout_slack_s, "a storm of timeouts"):
+                storm = await asyncio.gather(*(one(s) for s in sandboxes for _ in range(5)),
+                                             return_exceptions=True)
+                answers = await asyncio.gather(
+                    *(s.exec(["echo", "alive"], timeout=30) for s in sandboxes),
+                    return_exceptions=True)
+            errors = [r for r in storm if r is not None]
+            assert errors == [], f"the storm itself failed: {errors[:3]}"
+            lost = [(s.id, a) for s, a in zip(sandboxes, answers, strict=True)
+                    if getattr(a, "stdout", None) != b"alive\n"]
+            assert lost == [], f"{len(lost)} of {len(sandboxes)} sandboxes do not answer: {lost}"
+        finally:
+            await asyncio.gather(*(s.close() for s in sandboxes))

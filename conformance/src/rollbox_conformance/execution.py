@@ -3,6 +3,7 @@ timeouts that kill the whole tree, output caps, and streaming with signals."""
 
 from __future__ import annotations
 
+import asyncio
 import signal
 
 import pytest
@@ -213,6 +214,48 @@ class ExecTests(BackendTestBase):
         result = await self.sh(sandbox, check)
         assert result.exit_code == 0, result
         assert result.text == "checked\n", f"survived the timeout: {result.text!r}"
+
+    async def test_a_timeout_kills_exactly_the_timed_out_commands_tree(
+        self, backend: Backend, sandbox: Sandbox
+    ) -> None:
+        """B leaves a daemon and hangs; A, started later, leaves a daemon and ends. B's
+        timeout kills B's daemon, and A's lives on: a timeout is not a reset."""
+        self.require(backend, "shell")
+        base = self.scratch("exact")
+        daemon = ("(setsid sh -c 'trap \"\" TERM HUP INT; echo $$ > {pid}.tmp && "
+                  "mv {pid}.tmp {pid}; exec sleep 300' </dev/null >/dev/null 2>&1 &)")
+        wait = "while [ ! -s {pid} ]; do sleep 0.05; done"
+        a_pid, b_pid = f"{base}/a.pid", f"{base}/b.pid"
+        b = asyncio.ensure_future(sandbox.exec(
+            f"mkdir -p {base} && {daemon.format(pid=b_pid)} && {wait.format(pid=b_pid)} && "
+            "sleep 300", timeout=4))
+        try:
+            async with self.within(4 + self.timeout_slack_s, "B's daemon starting"):
+                while (await self.sh(sandbox, f"[ -s {b_pid} ]")).exit_code != 0:
+                    assert not b.done(), await b
+                    await asyncio.sleep(0.1)
+            started = await self.sh(sandbox, f"{daemon.format(pid=a_pid)}; "
+                                             f"{wait.format(pid=a_pid)}; echo started")
+            assert started.text == "started\n", started
+            assert not b.done(), "B ended before its timeout"
+            async with self.within(4 + self.timeout_slack_s, "B's timeout"):
+                with pytest.raises(ExecTimeoutError):
+                    await b
+        finally:
+            b.cancel()
+            await asyncio.gather(b, return_exceptions=True)
+        check = (f"for n in a b; do p=$(cat {base}/$n.pid)\n"  # a zombie is dead: no cmdline
+                 '  kill -0 "$p" 2>/dev/null && grep -q sleep /proc/$p/cmdline 2>/dev/null '
+                 "&& echo $n\ndone; true")
+        alive = (await self.sh(sandbox, check)).text.split()
+        for _ in range(int(self.timeout_slack_s * 10)):  # B's daemon may take a moment
+            if "b" not in alive:
+                break
+            await asyncio.sleep(0.1)
+            alive = (await self.sh(sandbox, check)).text.split()
+        assert "b" not in alive, "the timed-out command's daemon survived its timeout"
+        assert "a" in alive, "another command's daemon died of B's timeout"
+        await self.sh(sandbox, f"kill -9 $(cat {a_pid}); rm -rf {base}")
 
     async def test_sandbox_usable_after_a_timeout(self, sandbox: Sandbox) -> None:
         async with self.within(0.3 + self.timeout_slack_s, "a timed-out exec"):

@@ -1,15 +1,22 @@
 """Files: binary and large content, permissions, and paths or symlinks that lead outside
-the sandbox, which are refused (PathOutsideSandboxError) or stay inside it."""
+the sandbox, which are refused (PathOutsideSandboxError) or stay inside it; devices and
+FIFOs, which are refused promptly, without holding up anyone else's file calls."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 from pathlib import Path
 
 import pytest
 from rollbox import Backend, Sandbox
-from rollbox.errors import PathOutsideSandboxError, SandboxError, SandboxFileNotFoundError
+from rollbox.errors import (
+    PathOutsideSandboxError,
+    RollboxError,
+    SandboxError,
+    SandboxFileNotFoundError,
+)
 
 from rollbox_conformance.base import BackendTestBase
 from rollbox_conformance.hostside import new_secret
@@ -161,3 +168,69 @@ class FileTests(BackendTestBase):
         async with self.within(self.timeout_slack_s, "reading a symlink loop"):
             with pytest.raises((SandboxError, PathOutsideSandboxError)):
                 await sandbox.read_file(link)
+
+    # -- special files: devices and FIFOs ---------------------------------------------------
+
+    async def test_devices_are_refused(self, backend: Backend, sandbox: Sandbox) -> None:
+        """An endless device read through the API would fill the caller's memory: it is
+        refused (any RollboxError), directly or through a symlink, and promptly.
+
+        CAUTION: a backend that reads devices without a bound grows by gigabytes here."""
+        paths = ["/dev/zero", "/dev/urandom"]
+        if backend.capabilities.shell:
+            link = self.scratch("dev")
+            made = await self.sh(sandbox, f"ln -s /dev/zero {link}-zero && "
+                                          f"ln -s /dev/urandom {link}-urandom")
+            assert made.ok, made
+            paths += [f"{link}-zero", f"{link}-urandom"]
+        for path in paths:
+            async with self.within(self.timeout_slack_s, f"read_file({path!r})"):
+                with pytest.raises(RollboxError):
+                    data = await sandbox.read_file(path)
+                    pytest.fail(f"read_file({path!r}) returned {len(data)} bytes")
+
+    async def test_fifos_fail_promptly_and_stall_no_other_sandbox(
+        self, backend: Backend, sandbox: Sandbox
+    ) -> None:
+        """read_file on a FIFO (no writer) fails promptly; write_file on one (no reader)
+        fails or replaces it with a regular file. Meanwhile another sandbox's file calls
+        go through: no worker of the backend is stuck on them."""
+        self.require(backend, "shell")
+        base = self.scratch("fifo")
+        made = await self.sh(sandbox, "command -v mkfifo >/dev/null || exit 77\n"
+                                      f"mkdir -p {base} && for i in 1 2 3 4 5 6 7 8; do "
+                                      f"mkfifo {base}/p$i || exit 1; done")
+        if made.exit_code == 77:
+            pytest.skip("the image has no mkfifo")
+        assert made.ok, made
+        reads = [asyncio.ensure_future(sandbox.read_file(f"{base}/p{i}")) for i in range(1, 5)]
+        writes = [asyncio.ensure_future(sandbox.write_file(f"{base}/p{i}", b"x"))
+                  for i in range(5, 9)]
+        try:
+            await asyncio.sleep(0.5)  # let them reach the backend's workers
+            async with self.within(self.spec.timeouts.create_s, "a create beside FIFO calls"):
+                other = await backend.create(self.spec)
+            beside = self.scratch("beside-fifos")
+            try:
+                async with self.within(self.timeout_slack_s,
+                                       "another sandbox's file calls beside FIFO calls"):
+                    await other.write_file(beside, b"fine")
+                    assert await other.read_file(beside) == b"fine"
+            finally:
+                await other.close()
+            async with self.within(self.timeout_slack_s, "file calls on FIFOs"):
+                read_results: list[object] = await asyncio.gather(*reads, return_exceptions=True)
+                write_results: list[object] = await asyncio.gather(*writes,
+                                                                   return_exceptions=True)
+        finally:
+            for task in reads + writes:
+                task.cancel()
+            await asyncio.gather(*reads, *writes, return_exceptions=True)
+        for result in read_results:
+            assert isinstance(result, RollboxError), f"read_file on a FIFO gave {result!r}"
+        for i, result in enumerate(write_results, start=5):
+            if result is None:  # accepted: the FIFO must have become the file written
+                async with self.within(self.timeout_slack_s, "reading a replaced FIFO"):
+                    assert await sandbox.read_file(f"{base}/p{i}") == b"x"
+            else:
+                assert isinstance(result, RollboxError), f"write_file on a FIFO: {result!r}"

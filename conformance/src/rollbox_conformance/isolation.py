@@ -8,6 +8,7 @@ what the sandbox saw and what the host saw.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import uuid
 from collections.abc import AsyncIterator, Iterator
@@ -16,7 +17,7 @@ from pathlib import Path
 import pytest
 import pytest_asyncio
 from rollbox import Backend, ExecResult, Network, Sandbox
-from rollbox.errors import PathOutsideSandboxError, SandboxFileNotFoundError
+from rollbox.errors import PathOutsideSandboxError, RollboxError, SandboxFileNotFoundError
 
 from rollbox_conformance.attacks import ATTACKS, PYTHON_PRELUDE, PYTHON_RUNNER, Attack
 from rollbox_conformance.base import BackendTestBase
@@ -28,6 +29,7 @@ from rollbox_conformance.hostside import (
     planted_files,
     proc_file,
 )
+from rollbox_conformance.swaps import Swap
 
 SECRET_ENV = "RBX_CONFORMANCE_HOST_SECRET"
 
@@ -75,6 +77,24 @@ class IsolationTests(BackendTestBase):
             yield sandbox
         finally:
             await sandbox.close()
+
+    @pytest_asyncio.fixture
+    async def swap(self, isolated: Sandbox, planted: tuple[str, list[Path]]) -> AsyncIterator[
+        Swap
+    ]:
+        """A swap loop running in ``isolated``, pointing at the first planted secret."""
+        secret, paths = planted
+        assert paths, "no host path could be planted with a secret"
+        swap = Swap(self.scratch("swap"), paths[0], secret.encode())
+        try:
+            result = await self.python(isolated, swap.script())
+            if result.exit_code == 77:
+                pytest.skip("no python3, or no atomic exchange of names (renameat2): "
+                            f"{result.text.strip()}")
+            assert result.text == "swapping\n", result
+            yield swap
+        finally:
+            swap.clean_host()
 
     # -- helpers -----------------------------------------------------------------------------
 
@@ -166,6 +186,53 @@ class IsolationTests(BackendTestBase):
                     continue
                 assert secret.encode() not in data, f"read_file reached the host's {path}"
 
+    async def test_file_api_under_a_symlink_swap_loop(self, isolated: Sandbox,
+                                                      swap: Swap) -> None:
+        """read_file/write_file on names the sandbox keeps swapping between its own
+        directory and a symlink to the host: refused or inside, never the host's."""
+        async with self.within(120 + self.timeout_slack_s, "file calls under a swap loop"):
+            for _ in range(10):
+                reads = [isolated.read_file(path) for path in swap.reads * 2]
+                writes = [isolated.write_file(path, b"from the api") for path in swap.writes]
+                results: list[object] = await asyncio.gather(*reads, *writes,
+                                                             return_exceptions=True)
+                for result in results:
+                    if isinstance(result, BaseException) and not isinstance(
+                            result, RollboxError):
+                        raise result
+                    assert not (isinstance(result, bytes) and swap.secret in result), (
+                        "read_file returned the host's secret")
+        assert swap.host_problems() == []
+
+    async def test_snapshots_under_a_symlink_swap_loop(self, backend: Backend,
+                                                       isolated: Sandbox, swap: Swap) -> None:
+        """Snapshots taken while the sandbox swaps names hold no host file, and taking
+        them changes none (a fork of each is searched)."""
+        self.require(backend, "snapshot", "fork")
+        taken = 0
+        async with self.within(180 + self.timeout_slack_s, "snapshots under a swap loop"):
+            for _ in range(6):
+                try:
+                    snapshot = await isolated.snapshot()
+                except RollboxError:
+                    continue  # refusing is fine; copying the host's files is not
+                taken += 1
+                try:
+                    async with await backend.fork(snapshot) as child:
+                        found = await self.sh(child, f"grep -rlsF -- '{swap.secret.decode()}' "
+                                                     f"{swap.base}; echo searched")
+                        assert found.text == "searched\n", f"a fork holds the secret: {found}"
+                        for path in swap.reads:
+                            try:
+                                data = await child.read_file(path)
+                            except RollboxError:
+                                continue
+                            assert swap.secret not in data, f"a fork's {path} is the secret"
+                finally:
+                    await backend.drop_snapshot(snapshot)
+        assert taken, "no snapshot of a sandbox running a swap loop succeeded"
+        assert swap.host_problems() == []
+
     # -- host processes ----------------------------------------------------------------------
 
     async def test_host_processes_are_invisible(
@@ -218,6 +285,22 @@ class IsolationTests(BackendTestBase):
         )
         self.assert_blocked(await self.python(isolated, code), "ptrace a host process")
         assert victim.alive()
+
+    # -- what a command inherits ----------------------------------------------------------
+
+    async def test_commands_start_with_only_stdin_stdout_and_stderr(
+        self, isolated: Sandbox
+    ) -> None:
+        """No descriptor of the backend's (a control socket, a pipe, a log) reaches a
+        command: a process holding one could forge later results or reach the host."""
+        result = await self.sh(isolated, "[ -d /proc/$$/fd ] || exit 77\n"
+                                         "command -v ls >/dev/null || exit 77\n"
+                                         "ls /proc/$$/fd")
+        if result.exit_code == 77:
+            pytest.skip("the sandbox has no /proc/<pid>/fd or no ls to list it")
+        assert result.exit_code == 0, result
+        fds = sorted(result.text.split(), key=lambda fd: int(fd) if fd.isdigit() else -1)
+        assert fds == ["0", "1", "2"], f"a command started with descriptors {fds}"
 
     # -- the network ----------------------------------------------------------------------
 

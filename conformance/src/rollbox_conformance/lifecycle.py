@@ -1,15 +1,25 @@
-"""Lifecycle: create, ready, close; close is idempotent; nothing leaks afterwards."""
+"""Lifecycle: create, ready, close; close is idempotent; nothing leaks afterwards, not
+even when the process owning the sandboxes is killed."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
+import shutil
+import signal
+import tempfile
 import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
 
 import pytest
 from rollbox import Backend, Pool, RollboxError, Sandbox, StaticPoolPolicy
 
 from rollbox_conformance.base import BackendTestBase
 from rollbox_conformance.hostside import host_processes_with
+from rollbox_conformance.owner import Owner, named_paths
 
 
 class LifecycleTests(BackendTestBase):
@@ -97,13 +107,62 @@ class LifecycleTests(BackendTestBase):
             assert result.text.strip() == "started", result
         finally:
             await sandbox.close()
+        pids = await self._wait_gone(marker)
+        assert pids == [], f"processes outlived their sandbox: host pids {pids}"
+
+    @pytest.fixture
+    def owner_home(self) -> Iterator[Path]:
+        """A directory for the owner's program and, in ``state/``, its backend's state;
+        world-searchable (a sandbox user, e.g. uid 200000 under root, must reach it)."""
+        home = Path(tempfile.mkdtemp(prefix="rbx-owner-"))
+        try:
+            home.chmod(0o711)
+            (home / "state").mkdir(mode=0o711)
+            yield home
+        finally:
+            shutil.rmtree(home, ignore_errors=True)
+
+    async def test_nothing_outlives_a_killed_owner(self, owner_home: Path) -> None:
+        """The process owning a busy sandbox, an idle one and a snapshot is killed
+        (SIGKILL): none of their processes survives, and once a fresh backend has
+        started, it holds nothing and nothing the owner named as its own is left."""
+        script = self.owner_script(owner_home / "state")
+        marker = f"rbx-owned-{uuid.uuid4().hex}"
+        owner = Owner(script, marker, self.spec, owner_home)
+        try:
+            try:
+                report = await owner.start(timeout=2 * self.spec.timeouts.create_s)
+            finally:
+                owner.kill()
+                await owner.wait()
+            survivors = await self._wait_gone(marker)
+            names: dict[str, Any] = {}
+            exec(script, names)  # the backend's own hook, as the owner ran it
+            fresh: Backend = names["make_backend"]()
+            try:
+                leftovers = await self.leak_check(fresh)
+            finally:
+                await fresh.aclose()
+            remaining = await asyncio.to_thread(
+                lambda: [p for p in named_paths(report) if os.path.lexists(p)])
+        finally:
+            for pid in host_processes_with(marker):  # a failing backend's, not to keep
+                with contextlib.suppress(OSError):
+                    os.kill(pid, signal.SIGKILL)
+        assert survivors == [], f"processes outlived their killed owner: host pids {survivors}"
+        assert leftovers == [], f"a fresh backend still holds: {leftovers}"
+        assert remaining == [], f"left behind by the killed owner: {remaining}"
+
+    async def _wait_gone(self, marker: str) -> list[int]:
+        """Host processes with ``marker`` in their command line, once those dying have
+        had ``timeout_slack_s`` to go."""
         pids = host_processes_with(marker)
-        for _ in range(int(self.timeout_slack_s * 10)):  # processes may take a moment to die
+        for _ in range(int(self.timeout_slack_s * 10)):
             if not pids:
                 break
             await asyncio.sleep(0.1)
             pids = host_processes_with(marker)
-        assert pids == [], f"processes outlived their sandbox: host pids {pids}"
+        return pids
 
     @staticmethod
     async def _assert_unusable(sandbox: Sandbox) -> None:

@@ -1,11 +1,13 @@
-"""The conformance suite's hooks for ``KubernetesBackend``, shared by the runs against
-the emulator (tests/kubernetes) and against a real control plane (tests/cluster)."""
+"""The conformance suite's hooks for ``KubernetesBackend``, and the holes the suite
+finds in it, shared by the runs against the emulator (tests/kubernetes) and against a
+real control plane (tests/cluster)."""
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
 
+import pytest
 from rollbox.backend import Backend
 from rollbox.sandbox import Sandbox
 from rollbox.spec import SandboxSpec
@@ -59,6 +61,32 @@ class KubernetesHooks:
                 backend.options, backend.unschedulable_grace_s = options, grace
 
         backend.create = unschedulable_once  # type: ignore[method-assign]
+
+
+class KnownHoles:
+    """Holes the conformance suite finds in this backend (issue 11), marked as expected
+    failures until they are fixed; strict, so that a fix turns its mark into a failure
+    and the mark goes with the fix. Mix in before ``BackendTests``."""
+
+    @pytest.mark.xfail(run=False, reason="read_file is `cat` over pod exec: a device is read "
+                       "until file_size_mb (1 GiB by default) or timeouts.exec_s; not run, it "
+                       "would hold up to 1 GiB in the test process")
+    async def test_devices_are_refused(self, backend: Backend, sandbox: Sandbox) -> None:
+        await super().test_devices_are_refused(backend, sandbox)  # type: ignore[misc]
+
+    @pytest.mark.xfail(strict=True, reason="read_file and write_file on a FIFO block in `cat` "
+                       "until timeouts.exec_s")
+    async def test_fifos_fail_promptly_and_stall_no_other_sandbox(
+        self, backend: Backend, sandbox: Sandbox
+    ) -> None:
+        await super().test_fifos_fail_promptly_and_stall_no_other_sandbox(  # type: ignore[misc]
+            backend, sandbox)
+
+    @pytest.mark.xfail(strict=True, reason="disk_mb is the pod's ephemeral-storage limit: a "
+                       "kubelet evicts the pod some time after it is passed (the emulator's "
+                       "pods not even that); writes past it succeed")
+    async def test_disk_writes_past_disk_mb_fail(self, limits_backend: Backend) -> None:
+        await super().test_disk_writes_past_disk_mb_fail(limits_backend)  # type: ignore[misc]
 
 
 class ClaimingBackend(KubernetesBackend):
