@@ -7,6 +7,7 @@ codes, ...) are mapped onto this tree at the backend's edge, so callers never se
     RollboxError
     ├── UsageError                      the caller must change something; never retryable
     │   ├── InvalidSpecError            a SandboxSpec field is out of range or malformed
+    │   ├── InvalidCommandError         exec arguments no process could take (NUL, empty argv)
     │   ├── PathOutsideSandboxError     a path or symlink leads outside the sandbox
     │   ├── CapabilityNotSupportedError the backend does not declare this capability
     │   ├── UnknownBackendError         no plugin registered a backend by that name
@@ -53,6 +54,15 @@ class UsageError(RollboxError):
 
 class InvalidSpecError(UsageError):
     kind = "invalid_spec"
+
+
+class InvalidCommandError(UsageError):
+    """Arguments of ``exec``/``stream`` that no process could be started with: an empty
+    argv or program name, a NUL byte, a malformed environment variable, a timeout or
+    output cap that is not positive. Refused before the backend sees them, so a caller's
+    mistake never costs the sandbox."""
+
+    kind = "invalid_command"
 
 
 class PathOutsideSandboxError(UsageError):
