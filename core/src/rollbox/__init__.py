@@ -8,7 +8,6 @@
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 from rollbox.backend import Backend, Diagnostic
@@ -20,7 +19,7 @@ from rollbox.errors import (
     UsageError,
 )
 from rollbox.metrics import Metrics
-from rollbox.plugins import backend_class, get_plugin_manager
+from rollbox.plugins import DEFAULT_BACKEND, backend_class, get_plugin_manager
 from rollbox.pool import Lease, NoPoolPolicy, Outcome, Pool, PoolPolicy, StaticPoolPolicy
 from rollbox.sandbox import (
     Capabilities,
@@ -35,19 +34,17 @@ from rollbox.spec import Network, Resources, SandboxSpec, Timeouts
 
 __version__ = "0.1.0"
 
-DEFAULT_BACKEND = "local"
-
 
 def open_backend(name: str | None = None, **options: Any) -> Backend:
     """The backend called ``name`` (default: ``$ROLLBOX_BACKEND``, else ``local``).
 
     Moving from a laptop to a cluster is this one setting.
     """
-    chosen = name or os.environ.get("ROLLBOX_BACKEND") or DEFAULT_BACKEND
-    return backend_class(get_plugin_manager(), chosen)(**options)
+    return backend_class(get_plugin_manager(), name)(**options)
 
 
 __all__ = [
+    "DEFAULT_BACKEND",
     "Backend",
     "Capabilities",
     "Diagnostic",

@@ -67,13 +67,16 @@ class LocalBackend(Backend):
         ``rollbox_local.scratch``)."""
         self.state_dir = Path(state_dir) if state_dir is not None else default_home()
         self.ids = sandbox_ids()
-        for sub in ("snapshots", "trash", "empty"):
-            (self.state_dir / sub).mkdir(parents=True, exist_ok=True)
-        self.scratch = Scratch.choose(scratch, self.state_dir)
-        self.etc_dir = self.state_dir / "etc"
-        write_etc(self.etc_dir)
+        try:
+            for sub in ("snapshots", "trash", "empty"):
+                (self.state_dir / sub).mkdir(parents=True, exist_ok=True)
+            self.scratch = Scratch.choose(scratch, self.state_dir)
+            self.etc_dir = self.state_dir / "etc"
+            write_etc(self.etc_dir)
+        except OSError as exc:
+            raise unusable_state_dir(self.state_dir, exc, given=state_dir is not None) from None
         if self.ids is not None:
-            self._check_reachable()
+            self._check_reachable(given=state_dir is not None)
         capacity = image_capacity_bytes or _capacity_from_env()  # UsageError if malformed
         self._owns_images = images is None
         self.chores = WorkerPool(1, nice=BACKGROUND_NICE)
@@ -132,15 +135,16 @@ class LocalBackend(Backend):
             self._block = os.pipe()
         return self._block[0]
 
-    def _check_reachable(self) -> None:
+    def _check_reachable(self, *, given: bool) -> None:
         assert self.ids is not None
         blocked = unreachable_by(self.state_dir, self.ids[0])
         if blocked is not None:
+            setting = "state_dir" if given else "ROLLBOX_HOME"
             raise BackendUnavailableError(
-                f"the sandbox user (uid {self.ids[0]}) cannot reach {self.state_dir}: "
-                f"{blocked} is private (mode {blocked.stat().st_mode & 0o777:o}). Set "
-                "ROLLBOX_HOME to a directory under a world-searchable path (default "
-                "/var/lib/rollbox when running as root)"
+                f"the sandbox user (uid {self.ids[0]}) cannot reach the state directory "
+                f"{self.state_dir}: {blocked} is private (mode "
+                f"{blocked.stat().st_mode & 0o777:o}). Set {setting} to a directory under "
+                "world-searchable directories (default /var/lib/rollbox when running as root)"
             )
 
     # -- Backend API ---------------------------------------------------------------------
@@ -273,6 +277,14 @@ class LocalBackend(Backend):
     @classmethod
     def doctor(cls) -> list[Diagnostic]:
         return doctor_checks.run_checks()
+
+
+def unusable_state_dir(path: Path, exc: OSError, *, given: bool) -> BackendUnavailableError:
+    """The error for a state directory that cannot be made or written."""
+    setting = "state_dir" if given else "ROLLBOX_HOME"
+    return BackendUnavailableError(
+        f"cannot use the state directory {path}: {exc.strerror or exc} "
+        f"({exc.filename or path}); set {setting} to a directory you can write")
 
 
 def _bwrap_processes(markers: list[bytes]) -> list[int]:

@@ -43,6 +43,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
+from rollbox import settings
 from rollbox.backend import ahead_of_need
 from rollbox.errors import (
     ImageCorruptError,
@@ -138,13 +139,8 @@ class _Plan:
 
 
 def _capacity_from_env() -> int:
-    raw = os.environ.get("ROLLBOX_IMAGE_CAPACITY_GB", "")
-    try:
-        gb = float(raw) if raw.strip() else DEFAULT_CAPACITY_GB
-    except ValueError:
-        raise UsageError(f"ROLLBOX_IMAGE_CAPACITY_GB={raw!r} is not a number (GiB)") from None
-    if gb <= 0:
-        raise UsageError(f"ROLLBOX_IMAGE_CAPACITY_GB={raw!r} must be positive")
+    gb = settings.positive("ROLLBOX_IMAGE_CAPACITY_GB", DEFAULT_CAPACITY_GB,
+                           what="the image store's capacity in GiB, e.g. 20")
     return int(gb * GiB)
 
 
@@ -194,8 +190,13 @@ class ImageStore:
         self._images = self.root / "images"
         self._tmp = self.root / "tmp"
         self._trash = self.root / "trash"
-        for d in (self._images, self._tmp, self._trash):
-            d.mkdir(parents=True, exist_ok=True)
+        try:
+            for d in (self._images, self._tmp, self._trash):
+                d.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise UsageError(f"cannot use the image store {self.root}: {exc.strerror or exc} "
+                             f"({exc.filename}); set ROLLBOX_HOME to a directory you can "
+                             "write") from None
         self._entries: dict[str, _Entry] = {}
         self._index = ImagesIndex(self.root / "index.json", self._images)
         self._refs = self._index.refs
@@ -405,8 +406,8 @@ class ImageStore:
         ref_key = oci.path_key(kind, path)
         if not os.path.lexists(path):
             also = "" if ref.startswith(("/", ".", "~")) or kind else " and no imported name"
-            raise ImageNotFoundError(
-                f"no image {ref!r}: no file or directory at {path}{also}")
+            raise ImageNotFoundError(f"no image {ref!r}: no file or directory at {path}{also}"
+                                     f"{oci.registry_hint(ref)}")
         rec = self._refs.get(ref_key)
         if rec is not None and not force_probe:
             fp = oci.fingerprint(oci.detect(kind, path), path)
@@ -426,7 +427,7 @@ class ImageStore:
             raise ImageNotFoundError(
                 f"no image {name!r}: it is not 'host', not an imported name (see rollbox "
                 "images ls) and no file or directory by that path exists"
-            )
+                f"{oci.registry_hint(name)}")
         digest = str(rec["digest"])
         if (digest in self._entries and not force_probe) or not probe:
             return _Plan(name, digest if digest in self._entries else None)

@@ -34,6 +34,7 @@ import stat
 import threading
 from pathlib import Path
 
+from rollbox import settings
 from rollbox.errors import UsageError
 
 from rollbox_local.layers import remove_tree
@@ -63,15 +64,20 @@ class Scratch:
     def choose(cls, setting: str | Path | None, state_dir: Path) -> Scratch:
         disk = state_dir / "sandboxes"
         disk.mkdir(parents=True, exist_ok=True)
-        choice = str(setting or os.environ.get("ROLLBOX_SCRATCH") or "auto")
+        choice = str(setting or settings.text("ROLLBOX_SCRATCH", "auto"))
+        origin = "scratch" if setting else "ROLLBOX_SCRATCH"
         if choice == "disk":
             return cls(disk, None)
         if choice not in ("auto", "memory"):
             path = Path(choice)
             if not path.is_absolute():
-                raise UsageError(f"ROLLBOX_SCRATCH must be auto, memory, disk or an absolute "
-                                 f"path, got {choice!r}")
-            path.mkdir(parents=True, exist_ok=True)
+                raise _bad_scratch(origin, choice, "is not auto, memory, disk or an "
+                                   "absolute path", "set it to one of those")
+            try:
+                path.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                raise _bad_scratch(origin, choice, f"cannot be made a directory "
+                                   f"({exc.strerror})", "give a directory you can write") from None
             return cls(path, None)
         why_not = memory_unavailable()
         if why_not is None and choice == "auto":
@@ -84,7 +90,7 @@ class Scratch:
             except OSError as exc:
                 why_not = f"cannot use {SHM}: {exc}"
         if choice == "memory":
-            raise UsageError(f"ROLLBOX_SCRATCH=memory, but {why_not}; use auto or disk")
+            raise UsageError(f"{origin}=memory, but {why_not}; use auto or disk")
         return cls(disk, None)
 
     @property
@@ -181,3 +187,8 @@ def _kernel() -> tuple[int, int]:
     match = re.match(r"(\d+)\.(\d+)", platform.release())
     return (int(match.group(1)), int(match.group(2))) if match else (0, 0)
 
+
+def _bad_scratch(origin: str, value: str, problem: str, advice: str) -> UsageError:
+    if origin == "ROLLBOX_SCRATCH":
+        return settings.invalid(origin, value, problem, advice)
+    return UsageError(f"LocalBackend(scratch={value!r}) {problem}; {advice}")
