@@ -451,7 +451,8 @@ async def load_configuration(host: str | None, kubeconfig: str | None,
             return configuration
         except Exception as exc:
             raise BackendUnavailableError(
-                f"cannot use the kubeconfig {os.pathsep.join(paths)}: {exc}") from None
+                f"cannot use the kubeconfig {os.pathsep.join(paths)}: "
+                f"{' '.join(str(exc).split())}") from None
     try:
         kube_config.load_incluster_config(  # type: ignore[no-untyped-call]
             client_configuration=configuration)
