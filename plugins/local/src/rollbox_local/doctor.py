@@ -88,20 +88,22 @@ def _state_directory(ids: tuple[int, int] | None) -> Diagnostic:
         return Diagnostic("state directory", False, exc.message, "fix or unset ROLLBOX_HOME")
     fix = "set ROLLBOX_HOME to a directory you can write" + (
         " under world-searchable directories, e.g. /var/lib/rollbox" if ids else "")
+    where = f"{home} ({'ROLLBOX_HOME' if settings.raw('ROLLBOX_HOME') else 'the default'})"
     existing = next((p for p in [home, *home.parents] if p.exists()), Path("/"))
     if not existing.is_dir():
-        return Diagnostic("state directory", False, f"{home}: {existing} is not a directory",
+        return Diagnostic("state directory", False, f"{where}: {existing} is not a directory",
                           fix)
     if not os.access(existing, os.W_OK | os.X_OK):
-        return Diagnostic("state directory", False, f"{home}: {existing} is not writable", fix)
+        return Diagnostic("state directory", False, f"{where}: {existing} is not writable",
+                          fix)
     if ids is not None:
         blocked = unreachable_by(home, ids[0])
         if blocked is not None:
             return Diagnostic(
                 "state directory", False,
-                f"{home}: the sandbox user (uid {ids[0]}) cannot enter {blocked} "
+                f"{where}: the sandbox user (uid {ids[0]}) cannot enter {blocked} "
                 f"(mode {blocked.stat().st_mode & 0o777:o})", fix)
-    return Diagnostic("state directory", True, str(home))
+    return Diagnostic("state directory", True, where)
 
 
 def _scratch() -> Diagnostic:
