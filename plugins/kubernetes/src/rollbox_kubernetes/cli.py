@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import sys
-from collections.abc import Callable
+import urllib.parse
+from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING
 
 from rollbox import cli_args, settings
+from rollbox.errors import BackendUnavailableError
 from rollbox.spec import Network, Resources, SandboxSpec
 
 from rollbox_kubernetes import render
@@ -72,7 +75,7 @@ def _cluster_options(parser: argparse.ArgumentParser, *, connect: bool) -> None:
                             help="kubeconfig file (default: $KUBECONFIG, else ~/.kube/config)")
         parser.add_argument("--context", type=cli_args.nonempty,
                             help="kubeconfig context (default: its current one)")
-        parser.add_argument("--host", type=cli_args.nonempty,
+        parser.add_argument("--host", type=_api_url,
                             help="API server URL to use without credentials (emulators)")
 
 
@@ -97,6 +100,18 @@ def _checked(problem_of: Callable[[str], str | None]) -> Callable[[str], str]:
 
 _namespace = _checked(namespace_problem)
 _run_id = _checked(run_id_problem)
+
+
+def _api_url(text: str) -> str:
+    """An http(s) URL with a host (the API server of an emulator)."""
+    try:
+        parts = urllib.parse.urlsplit(text)
+        parts.port  # noqa: B018 -- raises ValueError for a port that is not a number
+    except ValueError:
+        parts = None
+    if parts is None or parts.scheme not in ("http", "https") or not parts.hostname:
+        raise argparse.ArgumentTypeError(f"must be an http:// or https:// URL, got {text!r}")
+    return text
 
 
 def _node_selector(text: str) -> tuple[str, str]:
@@ -140,6 +155,21 @@ def _render(args: argparse.Namespace) -> int:
     return 0
 
 
+@contextlib.asynccontextmanager
+async def _api_errors_explained() -> AsyncIterator[None]:
+    """An API server's refusal, or no answer at all, as one line that says so."""
+    from rollbox_kubernetes.client import ApiError
+
+    try:
+        yield
+    except ApiError as err:
+        what = ("cannot reach the API server" if err.status == 0
+                else f"the API server refused ({err.status} {err.reason})")
+        raise BackendUnavailableError(
+            f"{what}: {err.message}; check KUBECONFIG / --context / --host and your "
+            "permissions (rollbox k8s preflight)") from None
+
+
 def _backend(args: argparse.Namespace) -> KubernetesBackend:
     from rollbox_kubernetes.backend import KubernetesBackend  # heavy: only to connect
 
@@ -151,7 +181,7 @@ async def _preflight(args: argparse.Namespace) -> int:
     from rollbox_kubernetes.ops import preflight
 
     backend = _backend(args)
-    async with backend:
+    async with backend, _api_errors_explained():
         client = await backend.connect()
         checks = await preflight(client, args.namespace)
     failed = False
@@ -169,7 +199,7 @@ async def _reap(args: argparse.Namespace) -> int:
     from rollbox_kubernetes.ops import reap
 
     backend = _backend(args)
-    async with backend:
+    async with backend, _api_errors_explained():
         client = await backend.connect()
         reaped = await reap(client, args.namespace, args.run_id, dry_run=args.dry_run)
     verb = "would delete" if args.dry_run else "deleted"
