@@ -21,8 +21,8 @@ image; a pinned one is never evicted.
 
 Concurrency: one store object serves the coroutines of one event loop (its bookkeeping
 runs on the loop thread, heavy work in worker threads). Several processes may share a
-root, but pins are not shared between processes: do not ``rollbox images rm`` an image a
-running job uses.
+root: a pin is also a shared lock on ``pins/<digest>`` (``image_pins``), so neither
+``remove`` nor eviction in any process takes an image a sandbox of another uses.
 """
 
 from __future__ import annotations
@@ -54,6 +54,7 @@ from rollbox.errors import (
 )
 
 from rollbox_local import oci
+from rollbox_local.image_pins import SharedPins
 from rollbox_local.images_index import ImagesIndex
 from rollbox_local.layers import remove_tree
 from rollbox_local.paths import default_home, process_alive, sandbox_ids
@@ -197,6 +198,7 @@ class ImageStore:
             raise UsageError(f"cannot use the image store {self.root}: {exc.strerror or exc} "
                              f"({exc.filename}); set ROLLBOX_HOME to a directory you can "
                              "write") from None
+        self._shared = SharedPins(self.root / "pins")
         self._entries: dict[str, _Entry] = {}
         self._index = ImagesIndex(self.root / "index.json", self._images)
         self._refs = self._index.refs
@@ -236,6 +238,8 @@ class ImageStore:
             entry = await self._ensure(ref, background=ahead_of_need())
             # Between the hydration finishing and this coroutine resuming, another one
             # may have evicted it; then hydrate again.
+            if entry.digest in self._entries and not self._pins[entry.digest]:
+                await self._hold_shared(entry.digest)
             if entry.digest in self._entries:
                 self._pins[entry.digest] += 1
                 self._touch(entry)
@@ -244,6 +248,17 @@ class ImageStore:
             f"image {ref!r} was evicted {_MAX_PIN_ATTEMPTS} times before it could be pinned; "
             "the store is too small for the images in flight (raise ROLLBOX_IMAGE_CAPACITY_GB)"
         )
+
+    async def _hold_shared(self, digest: str) -> None:
+        """The cross-process pin; a removal in another process holding the image right
+        now is waited out in a thread (and if it removed the image, it is forgotten
+        here, so the caller hydrates it again)."""
+        if self._shared.try_hold(digest):
+            return
+        await asyncio.to_thread(self._shared.hold, digest)
+        if not (self._images / digest.removeprefix("sha256:")).is_dir():
+            self._shared.release(digest)
+            self._entries.pop(digest, None)
 
     def unpin(self, image: Image) -> None:
         if image.digest == HOST:
@@ -254,6 +269,7 @@ class ImageStore:
         self._pins[image.digest] -= 1
         if self._pins[image.digest] == 0:
             del self._pins[image.digest]
+            self._shared.release(image.digest)
         entry = self._entries.get(image.digest)
         if entry is not None:
             self._touch(entry)
@@ -308,11 +324,17 @@ class ImageStore:
                 f"image {ref!r} ({digest[:19]}) is in use by {self._pins[digest]} sandbox(es); "
                 "close them first, then remove it"
             )
-        gone = [r for r, rec in self._refs.items() if rec.get("digest") == digest]
-        if gone:
-            self._index.update(dict.fromkeys(gone))
-        if digest in self._entries:
-            remove_tree(self._evict(digest, count=False))
+        with self._shared.exclusive(digest) as free:
+            if not free:
+                raise UsageError(
+                    f"image {ref!r} ({digest[:19]}) is in use by a sandbox in another "
+                    "process; close it (or stop that job) first, then remove the image")
+            gone = [r for r, rec in self._refs.items() if rec.get("digest") == digest]
+            if gone:
+                self._index.update(dict.fromkeys(gone))
+            trash = self._evict(digest, count=False) if digest in self._entries else None
+        if trash is not None:
+            remove_tree(trash)
         self._index.save()  # a blocking call anyway: on disk before it returns
 
     def import_path(self, path: Path | str, name: str | None = None) -> Image:
@@ -371,6 +393,7 @@ class ImageStore:
             await self._index.flush()
         except OSError as exc:  # a cache for later runs: losing it costs a re-probe
             log.warning("could not save the image index %s: %s", self._index.path, exc)
+        self._shared.close()
         self._unpackers.shutdown()
         if self._owns_chores:
             self.chores.shutdown()
@@ -591,11 +614,17 @@ class ImageStore:
                                 key=lambda e: -rank.get(e.digest, 0))
             if used - sum(e.size_bytes for e in order) + need > self.capacity_bytes:
                 raise self._full_error(plan, need)
-            for entry in order:
-                if used + need <= self.capacity_bytes:
-                    break
-                used -= entry.size_bytes
-                trash.append(self._evict(entry.digest))
+            with contextlib.ExitStack() as held:
+                victims = []
+                for entry in order:
+                    if used + need <= self.capacity_bytes:
+                        break
+                    if held.enter_context(self._shared.exclusive(entry.digest)):
+                        victims.append(entry.digest)  # else a sandbox elsewhere uses it
+                        used -= entry.size_bytes
+                if used + need > self.capacity_bytes:
+                    raise self._full_error(plan, need)
+                trash = [self._evict(digest) for digest in victims]
         self._reserved[plan.key] = need
         return trash
 
