@@ -5,8 +5,9 @@ raises ``MissingExtraError`` naming the install command when the package is abse
 Both exporters are pluggy plugins: ``pm.register(PrometheusExporter())`` and pass ``pm``
 to the runner (``plugin_manager=pm``); they observe through the hook specification.
 
-    pip install "rollbox[prometheus]"   # PrometheusExporter
-    pip install "rollbox[otel]"         # OtelSpans
+    uv sync --inexact --extra prometheus   # PrometheusExporter, in a checkout
+    uv sync --inexact --extra otel         # OtelSpans
+    (once published: pip install "rollbox[prometheus]", "rollbox[otel]")
 """
 
 from __future__ import annotations
