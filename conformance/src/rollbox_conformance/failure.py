@@ -39,6 +39,8 @@ class FailureTests(BackendTestBase):
         pytest.param({"command": ["true"], "env": {"": "x"}}, id="empty-env-name"),
         pytest.param({"command": ["true"], "timeout": -1}, id="negative-timeout"),
         pytest.param({"command": ["true"], "output_limit": -5}, id="negative-output-limit"),
+        pytest.param({"command": ["echo", "x" * 200_000]}, id="argument-over-128-KiB"),
+        pytest.param({"command": ["echo", *["y" * 1000] * 2500]}, id="argv-over-2-MiB"),
     ])
     async def test_a_callers_mistake_is_a_usage_error_and_keeps_the_sandbox(
         self, sandbox: Sandbox, mistake: dict[str, object]

@@ -312,6 +312,7 @@ def check_command(
         if not isinstance(value, str) or "\0" in value:
             raise InvalidCommandError(
                 f"environment variable {key} must be a str without NUL, got {value!r}")
+    _check_sizes(argv, env)
     if stdin is not None and not isinstance(stdin, bytes | bytearray | memoryview):
         raise InvalidCommandError(f"stdin must be bytes, got {type(stdin).__name__}")
     if isinstance(timeout_s, bool) or not isinstance(timeout_s, int | float) or not (
@@ -321,6 +322,32 @@ def check_command(
     if isinstance(output_limit, bool) or not isinstance(output_limit, int) or output_limit <= 0:
         raise InvalidCommandError(f"output_limit must be a positive number of bytes, "
                                   f"got {output_limit!r}")
+
+
+MAX_ARG_BYTES = 128 * 1024
+"""The most one argument or ``NAME=value`` may take, its NUL included (Linux's
+MAX_ARG_STRLEN): ``execve`` refuses a longer one."""
+MAX_ARGS_TOTAL_BYTES = 2 * 1024 * 1024
+"""The most argv and the environment may take together, counting each string's NUL and
+pointer as the kernel does (Linux's ARG_MAX under the default 8 MiB stack)."""
+
+
+def _check_sizes(argv: Sequence[str], env: Mapping[str, str]) -> None:
+    total = 0
+    strings = [(f"command argument {i}", arg) for i, arg in enumerate(argv)]
+    strings += [(f"environment variable {key}", f"{key}={value}") for key, value in env.items()]
+    for what, text in strings:
+        size = len(text.encode("utf-8", "surrogateescape")) + 1
+        if size > MAX_ARG_BYTES:
+            raise InvalidCommandError(
+                f"{what} takes {size} bytes, over the {MAX_ARG_BYTES} one argument or "
+                "variable may hold; pass large data as stdin or in a file (write_file)")
+        total += size + 8
+    if total > MAX_ARGS_TOTAL_BYTES:
+        raise InvalidCommandError(
+            f"the command's arguments and environment take {total} bytes, over the "
+            f"{MAX_ARGS_TOTAL_BYTES} a program can be started with; pass large data as stdin "
+            "or in a file (write_file)")
 
 
 def resolve_path(path: str, workdir: str = "/") -> str:
