@@ -127,3 +127,15 @@ def test_a_bad_command_is_refused_before_a_sandbox(rollbox: Rollbox, argv: list[
     else:
         assert result.returncode == 2 and message in result.stderr
         assert "retry" not in result.stderr and "died" not in result.stderr
+
+
+@pytest.mark.parametrize("closed", ["<&-", ">&-", "2>&-"])
+def test_a_closed_standard_stream_is_no_problem(home: Path, closed: str) -> None:
+    """``rollbox run ... >&-``: the sandbox still starts (helpers the backend starts must
+    not find a closed fd 1 or 2) and the command's exit code comes through."""
+    script = (f"'{SCRIPT}' run --timeout 30 -- sh -c 'echo out; echo err >&2; exit 3' "
+              f"{closed}; echo \"status $?\" >&2")
+    result = subprocess.run(script, shell=True, executable="/bin/bash", capture_output=True,
+                            text=True, timeout=90, env=cli_env(home))
+    assert "status 3" in result.stderr, result.stderr
+    assert "Traceback" not in result.stderr and "failed to start" not in result.stderr

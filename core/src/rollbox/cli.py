@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import sys
 from collections.abc import Callable, Collection, Sequence
 
@@ -40,6 +41,7 @@ def build_parser(
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    _open_standard_fds()
     args_list = list(sys.argv[1:] if argv is None else argv)
     try:
         parser, handlers = build_parser(get_plugin_manager())
@@ -59,6 +61,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("rollbox: interrupted", file=sys.stderr)
         return 130
+
+
+def _open_standard_fds() -> None:
+    """Put /dev/null on any of fds 0-2 that was closed (``rollbox run ... >&-``): else the
+    next pipe or file opened takes that number, and a child that writes to "stdout"
+    writes into it."""
+    for fd in (0, 1, 2):
+        try:
+            os.fstat(fd)
+        except OSError:
+            opened = os.open(os.devnull, os.O_RDWR)  # the lowest free number: fd itself
+            if opened != fd:
+                os.dup2(opened, fd)
+                os.close(opened)
+            os.set_inheritable(fd, True)  # helpers the backend starts inherit it
 
 
 def _missing_optional_command(argv: list[str], handlers: Collection[str]

@@ -17,7 +17,7 @@ import os
 import signal
 import sys
 from collections.abc import Awaitable, Callable
-from typing import BinaryIO
+from typing import BinaryIO, TextIO
 
 from rollbox.backend import Backend
 from rollbox.errors import CommandNotFoundError, ExecTimeoutError
@@ -63,8 +63,8 @@ async def run_command(backend_class: type[Backend], spec: SandboxSpec, argv: lis
                       cap: int) -> int:
     """Run ``argv`` in a fresh sandbox of ``spec``; returns the exit code for the shell."""
     check_command(argv, spec.env)  # a bad argv is refused before a sandbox is made
-    outputs = {"stdout": _Output("stdout", sys.stdout.buffer, cap),
-               "stderr": _Output("stderr", sys.stderr.buffer, cap)}
+    outputs = {"stdout": _Output("stdout", _binary(sys.stdout), cap),
+               "stderr": _Output("stderr", _binary(sys.stderr), cap)}
     async with backend_class() as backend:
         sandbox = await backend.create(spec)
         async with sandbox:
@@ -172,6 +172,13 @@ def _all_stdin() -> bytes | None:
     if sys.stdin is None or sys.stdin.isatty():
         return None
     return sys.stdin.buffer.read()
+
+
+def _binary(stream: TextIO | None) -> BinaryIO:
+    """The byte stream under ``stream``; /dev/null when it was closed (``>&-``)."""
+    if stream is None:
+        return open(os.devnull, "wb")
+    return stream.buffer
 
 
 def _silence_stdout() -> None:
