@@ -22,7 +22,10 @@ An HTML comment on the lines right above a fence changes that (invisible on GitH
   it cannot run here (a cluster, a GPU, it is the test suite itself);
 - ``<!-- doc-test: slow -->``: it takes long: the document's test is marked ``slow``;
 - ``<!-- doc-test: file PATH -->``: write the block to ``PATH`` in the scratch directory
-  instead of running it (a plugin module, a test file, a pyproject a later block uses).
+  instead of running it (a plugin module, a test file, a pyproject a later block uses);
+- ``<!-- doc-test: excerpt PATH -->``: the block quotes ``PATH`` (a checkout file that a
+  test runs, e.g. under ``examples/``): each of its lines must be there, in order
+  (indentation and trailing ``#`` comments aside; a line with ``...`` elides).
 """
 
 from __future__ import annotations
@@ -52,6 +55,8 @@ class Block:
     slow: bool = False
     file: str | None = None
     """Where to write it instead of running it."""
+    excerpt: str | None = None
+    """The checkout file it quotes, instead of running it."""
 
     @property
     def where(self) -> str:
@@ -59,7 +64,8 @@ class Block:
 
     @property
     def runs(self) -> bool:
-        return self.skip is None and self.file is None and self.language in RUN_LANGUAGES
+        return (self.skip is None and self.file is None and self.excerpt is None
+                and self.language in RUN_LANGUAGES)
 
 
 def documents() -> list[Path]:
@@ -114,7 +120,7 @@ def _block(document: Path, line: int, language: str, code: str,
     if language not in RUN_LANGUAGES | DATA_LANGUAGES:
         raise DocumentError(f"{where}: unknown language {language!r}; known: "
                             f"{', '.join(sorted(RUN_LANGUAGES | DATA_LANGUAGES))}")
-    skip, slow, file = None, False, None
+    skip, slow, file, excerpt = None, False, None, None
     for verb, arg in directives:
         if verb == "skip":
             if not arg:
@@ -124,11 +130,14 @@ def _block(document: Path, line: int, language: str, code: str,
             slow = True
         elif verb == "file" and arg and not Path(arg).is_absolute() and ".." not in arg:
             file = arg
+        elif verb == "excerpt" and arg and (REPO / arg).is_file():
+            excerpt = arg
         else:
             raise DocumentError(f"{where}: unknown directive doc-test: {verb} {arg}")
     if (skip or slow) and language not in RUN_LANGUAGES:
         raise DocumentError(f"{where}: a {language} block never runs: skip/slow mean nothing")
-    return Block(document, line, language, code, skip=skip, slow=slow, file=file)
+    return Block(document, line, language, code, skip=skip, slow=slow, file=file,
+                 excerpt=excerpt)
 
 
 def console_script(code: str) -> str:
@@ -140,3 +149,21 @@ def console_script(code: str) -> str:
             commands.append(line if continuing else line[2:])
             continuing = line.endswith("\\")
     return "\n".join(commands) + "\n"
+
+
+def missing_from(excerpt: str, source: str) -> str | None:
+    """The first line of ``excerpt`` not found in ``source`` in order (None: all are)."""
+    def norm(line: str) -> str:
+        return " ".join(line.split("  #", 1)[0].split())
+
+    lines = [norm(line) for line in source.splitlines()]
+    at = 0
+    for line in excerpt.splitlines():
+        wanted = norm(line)
+        if not wanted or "..." in wanted:
+            continue
+        try:
+            at = lines.index(wanted, at) + 1
+        except ValueError:
+            return line
+    return None

@@ -12,7 +12,15 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from doc_blocks import REPO, Block, DocumentError, blocks, console_script, documents
+from doc_blocks import (
+    REPO,
+    Block,
+    DocumentError,
+    blocks,
+    console_script,
+    documents,
+    missing_from,
+)
 
 BLOCK_TIMEOUT_S = 900
 LINKED = ("examples", "benchmarks")
@@ -36,6 +44,16 @@ DOCUMENTS = [_param(document) for document in documents()]
 def test_blocks_follow_the_convention(document: Path) -> None:
     """Every fence names a language; every directive is known; a skip says why."""
     blocks(document)
+
+
+@pytest.mark.parametrize("document", [d for d in documents()],
+                         ids=[str(d.relative_to(REPO)) for d in documents()])
+def test_excerpts_quote_their_file(document: Path) -> None:
+    """A block marked as an excerpt of a checkout file says only what that file says."""
+    for block in blocks(document):
+        if block.excerpt is not None:
+            missing = missing_from(block.code, (REPO / block.excerpt).read_text())
+            assert missing is None, f"{block.where}: not in {block.excerpt}: {missing!r}"
 
 
 def test_the_convention_finds_the_documents() -> None:

@@ -14,7 +14,7 @@ from rollbox.backend import Diagnostic
 from rollbox.errors import InvalidSettingError, RollboxError
 
 from rollbox_local.bwrap import find_bwrap
-from rollbox_local.images import _capacity_from_env
+from rollbox_local.image_capacity import capacity_from_env
 from rollbox_local.paths import default_home, sandbox_ids, unreachable_by
 from rollbox_local.scratch import SHM, memory_unavailable
 
@@ -127,7 +127,7 @@ def _settings() -> list[Diagnostic]:
     """Each of the local backend's other variables, parsed as the backend will."""
     checks = []
     for name, read in (("ROLLBOX_SANDBOX_UID", sandbox_ids),
-                       ("ROLLBOX_IMAGE_CAPACITY_GB", _capacity_from_env)):
+                       ("ROLLBOX_IMAGE_CAPACITY_GB", capacity_from_env)):
         try:
             read()
         except RollboxError as exc:
