@@ -4,8 +4,9 @@ whatever a user types, the answer is an exit code and words, never a traceback o
 Each case is a command path from the real parser (plugins' commands included), some of
 its options with values drawn from a pool of bad ones (or its default), and a few
 ``ROLLBOX_*`` variables set to bad values. Only invalid values and defaults are drawn, so
-a case never legitimately asks for hours of work. Paths point into the test's own
-directory only: rollbox runs as root here and may write where it is told.
+a case never legitimately asks for hours of work. Every path a case may write to is in
+the test's own directory (or cannot be created): rollbox runs as root here and makes
+the directories it is told to use.
 
 The run is bounded twice: ``CASES`` cases, and no new case after ``BUDGET_S`` seconds.
 A failure prints the exact command and environment to reproduce it.
@@ -35,10 +36,12 @@ BAD_TEXT = ["", " ", "-", "--", "=", ":", "a=b=c", "BAD_ID!", "Ünïcödé", "x"
 
 ENV_POOL = {
     "ROLLBOX_BACKEND": ["nonsense", "fake", "kubernetes", " ", "LOCAL"],
-    "ROLLBOX_HOME": ["/nonexistent/home", "relative/home", "/etc/hostname/x", "/proc/x", " "],
+    "ROLLBOX_HOME": ["{scratch}/missing/home", "relative/home", "/etc/hostname/x", "/proc/x",
+                     " "],
     "ROLLBOX_SANDBOX_UID": ["abc", "0", "-1", "4294967295", "1e3", "99999999999", " "],
     "ROLLBOX_IMAGE_CAPACITY_GB": ["0", "-1", "abc", "inf", "nan", "1e-12", " "],
-    "ROLLBOX_SCRATCH": ["bogus", "relative", "/proc/x", "memory", "disk", " "],
+    "ROLLBOX_SCRATCH": ["bogus", "relative", "/proc/x", "{scratch}/layers", "memory", "disk",
+                        " "],
     "ROLLBOX_BWRAP": ["/bin/true", "/nonexistent", "/etc/hostname", " "],
     "ROLLBOX_K8S_NAMESPACE": ["Bad NS", "x" * 70, " "],
     "ROLLBOX_RUN_ID": ["BAD!", "x" * 40, " "],
@@ -107,7 +110,7 @@ def _case(rng: random.Random, leaves: dict[tuple[str, ...], argparse.ArgumentPar
     argv += FORCED.get(path, [])
     if path == ("run",) and "--timeout" not in argv:
         argv[1:1] = ["--timeout", "20"]  # commands from the pool end at once; a bound anyway
-    env = {name: rng.choice(values)
+    env = {name: rng.choice(values).format(scratch=scratch)
            for name, values in rng.sample(sorted(ENV_POOL.items()), k=rng.randint(0, 2))}
     return argv, env
 
