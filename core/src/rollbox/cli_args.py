@@ -6,8 +6,8 @@ subcommand below it, so a plugin's ``configure`` gets the same conventions for f
 - a subcommand's ``help`` is also its ``--help`` description;
 - an option's help ends with its default, unless the default is empty or the help
   already says it;
-- values are checked as they are parsed (``positive``, ``count``, ``nonempty``,
-  ``absolute``, ``key_value``), so a bad one is an ``argument --x: ...`` usage error
+- values are checked as they are parsed (``positive``, ``non_negative``, ``count``,
+  ``nonempty``, ``absolute``, ``key_value``), so a bad one is an ``argument --x: ...`` usage error
   naming the option, never an error about some internal field later.
 """
 
@@ -67,6 +67,7 @@ def _checked(what: str, convert: Callable[[str], Any],
 positive = _checked("a positive number", float, lambda v: 0 < v < math.inf)
 """A finite number above zero (seconds, CPUs, MiB)."""
 
+non_negative = _checked("a number >= 0", float, lambda v: 0 <= v < math.inf)
 count = _checked("a whole number >= 0", int, lambda v: v >= 0)
 positive_count = _checked("a whole number >= 1", int, lambda v: v >= 1)
 fraction = _checked("a number from 0 to 1", float, lambda v: 0 <= v <= 1)
