@@ -135,12 +135,20 @@ def run(args: argparse.Namespace) -> int:
 
 def configure_doctor(parser: argparse.ArgumentParser) -> None:
     add_backend_option(parser)
+    parser.add_argument("--clean", action="store_true",
+                        help="first remove what crashed (killed) processes of this backend "
+                             "left behind: directories, snapshots, cgroups")
 
 
 def doctor(args: argparse.Namespace) -> int:
     pm = get_plugin_manager()
     print(f"backends installed: {', '.join(backend_names(pm))}")
     backend = backend_class(pm, args.backend)
+    if args.clean:
+        removed = backend.clean()
+        for item in removed:
+            print(f"removed {item}")
+        print(f"cleaned: {len(removed)} leftover(s) of dead {backend.name} backends")
     checks = backend.doctor()
     failed = [check for check in checks if check.required and not check.ok]
     for check in checks:

@@ -7,6 +7,7 @@ codes, ...) are mapped onto this tree at the backend's edge, so callers never se
     RollboxError
     ├── UsageError                      the caller must change something; never retryable
     │   ├── InvalidSpecError            a SandboxSpec field is out of range or malformed
+    │   │   └── UnsupportedSpecError    a field this backend cannot honour (here)
     │   ├── InvalidCommandError         exec arguments no process could take (NUL, empty argv)
     │   ├── InvalidSettingError         a ROLLBOX_* environment variable is malformed
     │   ├── PathOutsideSandboxError     a path or symlink leads outside the sandbox
@@ -14,7 +15,9 @@ codes, ...) are mapped onto this tree at the backend's edge, so callers never se
     │   ├── UnknownBackendError         no plugin registered a backend by that name
     │   ├── PluginError                 a plugin is broken (bad hook, duplicate name)
     │   ├── MissingExtraError           an optional package is not installed
-    │   └── BackendUnavailableError     the backend cannot run here (e.g. no user namespaces)
+    │   ├── BackendUnavailableError     the backend cannot run here (e.g. no user namespaces)
+    │   ├── NotRegularFileError         the file API met a directory, FIFO, socket or device
+    │   └── FileTooLargeError           a file over the sandbox's size cap (file_size_mb)
     ├── SandboxError                    a sandbox failed; ``sandbox_id`` says which
     │   ├── CreateFailedError           retryable: the backend could not start it
     │   ├── SandboxLostError            retryable: it died or vanished (mid-command, too)
@@ -22,6 +25,8 @@ codes, ...) are mapped onto this tree at the backend's edge, so callers never se
     │   ├── ExecTimeoutError            the command overran its timeout; its tree was killed
     │   ├── CommandNotFoundError        the program does not exist in the image
     │   ├── SandboxFileNotFoundError    read of a path that does not exist in the sandbox
+    │   ├── PortNotOpenError            nothing accepts connections on that port inside
+    │   ├── SnapshotFailedError         the sandbox's state could not be copied
     │   └── ImageError
     │       ├── ImageNotFoundError      no such image anywhere the backend looks
     │       ├── ImageCorruptError       the image exists but cannot be unpacked
@@ -32,9 +37,10 @@ codes, ...) are mapped onto this tree at the backend's edge, so callers never se
 
 After most sandbox errors the sandbox cannot be trusted: its holder gives it back as
 broken and the pool closes it. ``SANDBOX_SOUND_AFTER`` names the exceptions
-(``ExecTimeoutError``, ``CommandNotFoundError``, ``SandboxFileNotFoundError``): the
-command failed, the sandbox did not, and a reset cleans up after it, so a lease that ends
-with one is released OK and the sandbox is reused.
+(``ExecTimeoutError``, ``CommandNotFoundError``, ``SandboxFileNotFoundError``,
+``PortNotOpenError``, ``SnapshotFailedError``): the operation failed, the sandbox did
+not, and a reset cleans up after it, so a lease that ends with one is released OK and
+the sandbox is reused.
 """
 
 from __future__ import annotations
@@ -61,6 +67,18 @@ class UsageError(RollboxError):
 
 class InvalidSpecError(UsageError):
     kind = "invalid_spec"
+
+
+class UnsupportedSpecError(InvalidSpecError):
+    """A spec asks for something the backend cannot honour (here): a limit it cannot
+    enforce, a network it cannot give. ``field`` and ``backend`` say which."""
+
+    kind = "unsupported_spec"
+
+    def __init__(self, message: str, *, field: str, backend: str) -> None:
+        super().__init__(message)
+        self.field = field
+        self.backend = backend
 
 
 class InvalidCommandError(UsageError):
@@ -119,6 +137,19 @@ class BackendUnavailableError(UsageError):
     kind = "backend_unavailable"
 
 
+class NotRegularFileError(UsageError):
+    """The file API moves regular files only: not directories, FIFOs (which could block
+    forever), sockets or devices (``/dev/zero`` never ends)."""
+
+    kind = "not_regular_file"
+
+
+class FileTooLargeError(UsageError):
+    """A file over the sandbox's size cap (``resources.file_size_mb``)."""
+
+    kind = "file_too_large"
+
+
 class SandboxError(RollboxError):
     """A sandbox failed. ``sandbox_id`` is None when it failed before it had one."""
 
@@ -175,6 +206,16 @@ class SandboxFileNotFoundError(SandboxError, FileNotFoundError):
     kind = "file_not_found"
 
 
+class PortNotOpenError(SandboxError):
+    """Nothing accepts connections on the port inside the sandbox (yet)."""
+
+    kind = "port_not_open"
+
+
+class SnapshotFailedError(SandboxError):
+    kind = "snapshot_failed"
+
+
 class ImageError(SandboxError):
     kind = "image"
 
@@ -209,6 +250,8 @@ SANDBOX_SOUND_AFTER: tuple[type[SandboxError], ...] = (
     ExecTimeoutError,
     CommandNotFoundError,
     SandboxFileNotFoundError,
+    PortNotOpenError,
+    SnapshotFailedError,
 )
 """Errors after which the sandbox itself is still sound: a reset cleans up after them,
 so a pool may reuse it (every other SandboxError means: give it back as broken)."""

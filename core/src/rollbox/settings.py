@@ -11,6 +11,7 @@ empty value counts as unset. Plugins read their own variables with these readers
     ROLLBOX_SANDBOX_UID         host uid sandboxes run as when rollbox runs as root
     ROLLBOX_IMAGE_CAPACITY_GB   the local image store's capacity
     ROLLBOX_SCRATCH             where the local backend's writable layers live
+    ROLLBOX_CGROUPS             whether the local backend limits sandboxes with cgroups
     ROLLBOX_K8S_NAMESPACE       the kubernetes backend's namespace
     ROLLBOX_RUN_ID              the kubernetes backend's ownership label
 """
