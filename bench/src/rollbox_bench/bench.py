@@ -15,13 +15,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import inspect
+import math
 import os
 import resource
 import shutil
 import sys
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -94,6 +96,20 @@ class BenchConfig:
         unknown = set(self.arms) - set(ARMS)
         if unknown or not self.arms:
             raise UsageError(f"bench arms must be among {ARMS}, got {self.arms}")
+        checks = [
+            ("padding_bytes", self.padding_bytes >= 0), ("think_s", self.think_s >= 0),
+            ("p_correct", 0 <= self.p_correct <= 1), ("create_rate", self.create_rate > 0),
+            ("exec_timeout_s", self.exec_timeout_s > 0), ("budget", (self.budget or 0) >= 0),
+            ("image_capacity_bytes", (self.image_capacity_bytes or 1) > 0),
+            *((f"chaos.{k}", 0 <= v <= 1) for k, v in asdict(self.chaos).items()),
+        ]
+        bad = [name for name, ok in checks if not ok]
+        if bad:
+            raise UsageError(f"bench settings out of range: {', '.join(bad)}")
+
+    def image_bytes(self) -> int:
+        """About what one task image takes in the store (its padding dominates)."""
+        return self.padding_bytes + 64 * 1024
 
     @property
     def warm_budget(self) -> int:
@@ -106,8 +122,7 @@ class BenchConfig:
     def capacity(self, source: SyntheticSource) -> int:
         if self.image_capacity_bytes is not None:
             return self.image_capacity_bytes
-        per_image = self.padding_bytes + 64 * 1024
-        floor = (self.concurrency + self.warm_budget + 2) * per_image
+        floor = (self.concurrency + self.warm_budget + 2) * self.image_bytes()
         return max(floor, source.corpus_bytes // 3)
 
 
@@ -120,14 +135,23 @@ async def run_bench(config: BenchConfig, *, progress: Progress | None = None) ->
             root=None if config.fake else images_dir, test_timeout_s=config.exec_timeout_s,
             think_s=config.think_s,
         )
+        capacity = config.capacity(source)
+        if not config.fake and capacity < config.image_bytes():
+            raise UsageError(
+                f"an image store of {capacity / MiB:.1f} MiB cannot hold one task image "
+                f"(about {config.image_bytes() / MiB:.1f} MiB): raise --capacity-mb to at "
+                f"least {math.ceil(config.image_bytes() * 16 / MiB)} (16 images), or lower "
+                "--padding-mb")
         if not config.fake:
             await asyncio.to_thread(source.build)
         tasks = list(source.tasks())
-        capacity = config.capacity(source)
         arms: dict[str, Any] = {}
         for arm in config.arms:
-            backend = _make_backend(config, source, state_root / arm, capacity)
-            arms[arm] = await _run_arm(arm, config, backend, tasks, progress)
+            # No reference to the arm's backend outlives it: the next arm's peak memory
+            # is its own, not both backends' at once.
+            arms[arm] = await _run_arm(
+                arm, config, _make_backend(config, source, state_root / arm, capacity),
+                tasks, progress)
     return {
         "workload": {
             "backend": config.backend, "images": config.images,
@@ -176,6 +200,8 @@ async def _run_arm(
 
     retry = RetryPolicy(max_attempts=config.max_attempts, retry_kinds=frozenset({"exec_timeout"}))
     loop = asyncio.get_running_loop()
+    gc.collect()  # what the previous arm left is not this arm's memory
+    peak_scope = "arm" if _reset_peak_rss() else "process"
     rss_start = _rss_bytes()
     async with backend:
         started = loop.time()
@@ -216,7 +242,9 @@ async def _run_arm(
         "leaked_sandboxes": leaked,
         "leftovers": leftovers,
         "image_store": _image_store_stats(inner),
-        "rss_bytes": {"start": rss_start, "end": _rss_bytes(), "peak": _peak_rss_bytes()},
+        "rss_bytes": {"start": rss_start, "end": _rss_bytes(), "peak": _peak_rss_bytes(),
+                      "peak_scope": peak_scope},
+        "failure_examples": _failure_examples(report.results),
         "warmup_s": warmup_s,
         "wall_s": warmup_s + report.wall_s,
     }
@@ -261,11 +289,37 @@ def _rss_bytes() -> int:
     return pages * os.sysconf("SC_PAGE_SIZE")
 
 
+def _reset_peak_rss() -> bool:
+    """Start measuring this process's peak resident set size afresh (Linux 4.0+: writing
+    5 to clear_refs resets VmHWM), so each arm reports its own peak. False where that is
+    not possible: the peak is then the process's since it started."""
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+    except OSError:
+        return False
+    return True
+
+
 def _peak_rss_bytes() -> int:
-    """Peak resident set size of this process so far (bench and backend; the sandboxes'
-    own processes are not counted)."""
+    """Peak resident set size of this process (bench and backend; the sandboxes' own
+    processes are not counted): since the last ``_reset_peak_rss``, where it worked."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return peak if sys.platform == "darwin" else peak * 1024
+
+
+def _failure_examples(results: Sequence[RolloutResult]) -> dict[str, str]:
+    """One message per failure kind: a count says that rollouts failed, this says why."""
+    examples: dict[str, str] = {}
+    for result in results:
+        if result.failure is not None:
+            examples.setdefault(result.failure.kind, result.failure.message)
+    return examples
 
 
 def _ratios(arms: dict[str, Any]) -> dict[str, float | None]:

@@ -12,7 +12,9 @@ import time
 from pathlib import Path
 from typing import Any, TextIO
 
-from rollbox.errors import MissingExtraError, UsageError
+from rollbox import cli_args, settings
+from rollbox.errors import MissingExtraError
+from rollbox.plugins import DEFAULT_BACKEND, backend_class, get_plugin_manager
 from rollbox.results import RolloutResult
 from rollbox.spec import MiB
 
@@ -21,40 +23,43 @@ from rollbox_bench.bench import ARMS, BenchConfig, ChaosRates, run_bench
 
 def configure(parser: argparse.ArgumentParser) -> None:
     d = BenchConfig()
-    parser.add_argument("--backend", default=os.environ.get("ROLLBOX_BACKEND", "local"),
-                        help="backend to run on (default: $ROLLBOX_BACKEND or 'local'; "
-                             "'fake' runs in memory: seconds with --think-ms 0)")
-    parser.add_argument("--images", type=int, default=d.images,
-                        help=f"distinct task images (default {d.images})")
-    parser.add_argument("--rollouts", type=int, default=d.rollouts_per_task,
-                        help=f"rollouts per task (default {d.rollouts_per_task})")
-    parser.add_argument("--concurrency", type=int, default=d.concurrency,
-                        help=f"rollouts in flight at once (default {d.concurrency})")
-    parser.add_argument("--padding-mb", type=float, default=d.padding_bytes / MiB,
-                        help="random bytes per image, MiB (default %(default)s)")
-    parser.add_argument("--capacity-mb", type=float, default=None,
+    parser.add_argument("--backend", type=cli_args.nonempty,
+                        help=f"backend to run on (default: $ROLLBOX_BACKEND, else "
+                             f"{DEFAULT_BACKEND!r}; 'fake' runs in memory: seconds with "
+                             "--think-ms 0)")
+    parser.add_argument("--images", type=cli_args.positive_count, default=d.images,
+                        help="distinct task images")
+    parser.add_argument("--rollouts", type=cli_args.positive_count,
+                        default=d.rollouts_per_task, help="rollouts per task")
+    parser.add_argument("--concurrency", type=cli_args.positive_count, default=d.concurrency,
+                        help="rollouts in flight at once")
+    parser.add_argument("--padding-mb", type=cli_args.non_negative,
+                        default=d.padding_bytes / MiB, help="random bytes per image, MiB")
+    parser.add_argument("--capacity-mb", type=cli_args.positive,
                         help="image store capacity, MiB (default: a third of the corpus)")
-    parser.add_argument("--budget", type=int, default=None,
+    parser.add_argument("--budget", type=cli_args.count,
                         help="warm sandboxes planned ahead by lookahead (default: concurrency)")
-    parser.add_argument("--create-rate", type=float, default=d.create_rate,
-                        help="creates per second in the rollbox arm (default %(default)s)")
-    parser.add_argument("--p-correct", type=float, default=d.p_correct,
-                        help="probability the scripted patch is right (default %(default)s)")
-    parser.add_argument("--think-ms", type=float, default=d.think_s * 1e3,
+    parser.add_argument("--create-rate", type=cli_args.positive, default=d.create_rate,
+                        help="creates per second in the rollbox arm")
+    parser.add_argument("--p-correct", type=cli_args.fraction, default=d.p_correct,
+                        help="probability the scripted patch is right")
+    parser.add_argument("--think-ms", type=cli_args.non_negative, default=d.think_s * 1e3,
                         help="mean policy inference time between a rollout's actions, ms, "
-                             "seeded log-normal; 0 = back to back (default %(default)s)")
+                             "seeded log-normal; 0 = back to back")
     parser.add_argument("--seed", type=int, default=d.seed, help="workload seed")
-    parser.add_argument("--chaos", metavar="SPEC", default=None,
+    parser.add_argument("--chaos", metavar="SPEC", type=parse_chaos,
                         help="inject faults, e.g. 'kill=0.05,hang=0.01,create=0.02' "
-                             "(rates per command / per create)")
-    parser.add_argument("--exec-timeout", type=float, default=d.exec_timeout_s,
-                        help="seconds before a command counts as hung (default %(default)s)")
-    parser.add_argument("--arms", default=",".join(ARMS), help="arms to run (default both)")
-    parser.add_argument("--workdir", default=None,
+                             "(rates from 0 to 1, per command / per create; default: none)")
+    parser.add_argument("--exec-timeout", type=cli_args.positive, default=d.exec_timeout_s,
+                        help="seconds before a command counts as hung")
+    parser.add_argument("--arms", type=_arms, default=",".join(ARMS),
+                        help="arms to run, comma-separated")
+    parser.add_argument("--workdir", type=cli_args.nonempty,
                         help="directory for images and state (default: under ROLLBOX_HOME)")
-    parser.add_argument("--json", metavar="PATH", default=None, help="write the report here")
-    parser.add_argument("--plot", metavar="PATH", default=None,
-                        help='draw both TTFC distributions to a PNG (needs "rollbox[plot]")')
+    parser.add_argument("--json", metavar="PATH", type=_output_path,
+                        help="write the report here")
+    parser.add_argument("--plot", metavar="PATH", type=_output_path,
+                        help="draw both TTFC distributions to a PNG (needs the plot extra)")
     parser.add_argument("--quiet", action="store_true", help="no progress on stderr")
 
 
@@ -68,24 +73,49 @@ def parse_chaos(text: str | None) -> ChaosRates:
         key, sep, value = part.partition("=")
         key = key.strip()
         if not sep or key not in names:
-            raise UsageError(f"--chaos: cannot read {part!r}; use kill=R,hang=R,create=R")
+            raise argparse.ArgumentTypeError(
+                f"cannot read {part!r}; use kill=R,hang=R,create=R with R from 0 to 1")
         try:
-            rates[names[key]] = float(value)
+            rate = float(value)
         except ValueError:
-            raise UsageError(f"--chaos: {key} rate {value!r} is not a number") from None
+            rate = math.nan
+        if not 0 <= rate <= 1:
+            raise argparse.ArgumentTypeError(f"{key} rate {value!r} is not a number from 0 to 1")
+        rates[names[key]] = rate
     return ChaosRates(**rates)
 
 
+def _arms(text: str) -> tuple[str, ...]:
+    arms = tuple(a.strip() for a in text.split(",") if a.strip())
+    if not arms or set(arms) - set(ARMS):
+        raise argparse.ArgumentTypeError(f"must be {', '.join(ARMS)} or both, got {text!r}")
+    return arms
+
+
+def _output_path(text: str) -> Path:
+    """A file the report can be written to, checked before the run rather than after."""
+    path = Path(text).expanduser()
+    parent = path.parent if str(path.parent) else Path(".")
+    if not text.strip() or path.is_dir():
+        raise argparse.ArgumentTypeError(f"{text!r} is a directory, not a file path")
+    if not parent.is_dir():
+        raise argparse.ArgumentTypeError(f"the directory {str(parent)!r} does not exist")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise argparse.ArgumentTypeError(f"cannot write into {str(parent)!r}")
+    return path
+
+
 def config_from(args: argparse.Namespace) -> BenchConfig:
+    # An unknown backend fails here, before any work, naming $ROLLBOX_BACKEND if from it.
+    backend_class(get_plugin_manager(), args.backend)
     return BenchConfig(
-        backend=args.backend, images=args.images, rollouts_per_task=args.rollouts,
+        backend=args.backend or settings.text("ROLLBOX_BACKEND", DEFAULT_BACKEND),
+        images=args.images, rollouts_per_task=args.rollouts,
         concurrency=args.concurrency, padding_bytes=int(args.padding_mb * MiB),
         image_capacity_bytes=None if args.capacity_mb is None else int(args.capacity_mb * MiB),
         budget=args.budget, create_rate=args.create_rate, p_correct=args.p_correct,
-        think_s=args.think_ms / 1e3,
-        seed=args.seed, chaos=parse_chaos(args.chaos), exec_timeout_s=args.exec_timeout,
-        arms=tuple(a.strip() for a in args.arms.split(",") if a.strip()),
-        workdir=args.workdir,
+        think_s=args.think_ms / 1e3, seed=args.seed, chaos=args.chaos or ChaosRates(),
+        exec_timeout_s=args.exec_timeout, arms=args.arms, workdir=args.workdir,
     )
 
 
@@ -100,19 +130,40 @@ def run(args: argparse.Namespace) -> int:
     print(render_table(report))
     if args.json:
         text = json.dumps(_finite(report), indent=2, allow_nan=False, default=_json_default)
-        Path(args.json).write_text(text + "\n")
+        args.json.write_text(text + "\n")
         print(f"report written to {args.json}")
     if args.plot:
-        plot_ttfc(report, Path(args.plot))
+        plot_ttfc(report, args.plot)
         print(f"TTFC plot written to {args.plot}")
-    unaccounted = [a for a, r in report["arms"].items() if not r["rollouts"]["accounted"]]
-    leaked = [a for a, r in report["arms"].items()
-              if r["leaked_sandboxes"] or r.get("leftovers")]
-    if unaccounted or leaked:
-        print(f"rollbox bench: unaccounted rollouts in {unaccounted}, leaked sandboxes in "
-              f"{leaked}", file=sys.stderr)
-        return 1
-    return 0
+    problems = _problems(report, config.chaos)
+    for problem in problems:
+        print(f"rollbox bench: {problem}", file=sys.stderr)
+    return 1 if problems else 0
+
+
+CHAOS_KINDS = {"kill": "sandbox_lost", "hang": "exec_timeout", "create_fail": "create_failed"}
+"""The failure kind each injected fault shows up as."""
+
+
+def _problems(report: dict[str, Any], chaos: ChaosRates) -> list[str]:
+    """What makes a run fail: rollouts unaccounted for, sandboxes left behind, and
+    rollouts that failed for a reason the injected faults do not explain (each said with
+    one example message, so a run that could not work says why)."""
+    explained = {kind for fault, kind in CHAOS_KINDS.items() if getattr(chaos, fault) > 0}
+    problems = []
+    for arm, data in report["arms"].items():
+        rollouts = data["rollouts"]
+        if not rollouts["accounted"]:
+            problems.append(f"the {arm} arm did not account for every rollout")
+        if data["leaked_sandboxes"] or data.get("leftovers"):
+            problems.append(f"the {arm} arm left sandboxes behind: "
+                            f"{data['leaked_sandboxes']} open, {data.get('leftovers')}")
+        for kind, count in sorted(rollouts["failed_by_kind"].items()):
+            if kind not in explained:
+                example = data.get("failure_examples", {}).get(kind, "")
+                problems.append(f"{count} rollout(s) of the {arm} arm failed as {kind}: "
+                                f"{example}")
+    return problems
 
 
 class ProgressLine:
@@ -191,7 +242,9 @@ def render_table(report: dict[str, Any]) -> str:
     for kind in injected:
         row(f"chaos {kind}", [arms[n]["chaos_injected"].get(kind, 0) for n in names], "d")
     row("wall (s)", [arms[n]["wall_s"] for n in names], ".2f", ratios.get("wall"))
-    row("peak RSS (MiB)", [arms[n]["rss_bytes"]["peak"] / MiB for n in names], ".0f")
+    scope = {arms[n]["rss_bytes"].get("peak_scope", "process") for n in names}
+    row("peak RSS (MiB)" if scope == {"arm"} else "peak RSS, process (MiB)",
+        [arms[n]["rss_bytes"]["peak"] / MiB for n in names], ".0f")
     accounted = all(arms[n]["rollouts"]["accounted"] for n in names)
     lines.append(f"every rollout accounted: {'yes' if accounted else 'NO'}")
     left = {n: arms[n].get("leftovers") for n in names}

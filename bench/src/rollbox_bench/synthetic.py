@@ -142,6 +142,7 @@ class SyntheticSource:
         self.test_timeout_s = test_timeout_s
         self.think = ThinkTime(think_s, seed)
         self.problems = [Problem.make(seed, i) for i in range(n_images)]
+        self._padding: dict[int, bytes] = {}
 
     @property
     def corpus_bytes(self) -> int:
@@ -177,9 +178,21 @@ class SyntheticSource:
         files.update({f"{REPO}/{k}": v for k, v in git_repository(
             repo, fix={"solution.py": problem.fixed}).items()})
         if self.padding_bytes:
-            rng = random.Random(f"rollbox-synthetic-padding:{self.seed}:{problem.index}")
-            files[PADDING_PATH] = rng.randbytes(self.padding_bytes)
+            files[PADDING_PATH] = self._padding_of(problem)
         return files
+
+    def _padding_of(self, problem: Problem) -> bytes:
+        """The image's seeded random padding. Fake images live in memory: their padding
+        is made once, and every fake backend of this source (one per bench arm) shares
+        it rather than holding a copy of its own. Local images are written to disk once,
+        so theirs is not kept."""
+        if problem.index in self._padding:
+            return self._padding[problem.index]
+        rng = random.Random(f"rollbox-synthetic-padding:{self.seed}:{problem.index}")
+        padding = rng.randbytes(self.padding_bytes)
+        if self.kind == "fake":
+            self._padding[problem.index] = padding
+        return padding
 
     def build(self) -> list[Path]:
         """Write every image as an OCI layout under ``root`` (skipping complete ones)."""

@@ -1,14 +1,20 @@
 """Failure surfacing: a sandbox killed mid-command, an image that cannot be found and a
 create that fails each surface as the documented error with ``retryable`` set right,
-and a pool carries on after them."""
+and a pool carries on after them; a caller's malformed command is a usage error that
+leaves the sandbox working."""
 
 from __future__ import annotations
 
 import asyncio
 
 import pytest
-from rollbox import Backend, Pool, StaticPoolPolicy
-from rollbox.errors import CreateFailedError, ImageNotFoundError, SandboxLostError
+from rollbox import Backend, Pool, Sandbox, StaticPoolPolicy
+from rollbox.errors import (
+    CreateFailedError,
+    ImageNotFoundError,
+    InvalidCommandError,
+    SandboxLostError,
+)
 
 from rollbox_conformance.base import BackendTestBase
 
@@ -22,6 +28,32 @@ class FailureTests(BackendTestBase):
             await backend.create(self.spec.replace(image=self.missing_image_ref))
         assert not caught.value.retryable
         assert set(await self.leak_check(backend)) - before == set()
+
+    @pytest.mark.parametrize("mistake", [
+        pytest.param({"command": "echo a\0b"}, id="nul-in-shell-string"),
+        pytest.param({"command": ["echo", "a\0b"]}, id="nul-in-argv"),
+        pytest.param({"command": []}, id="empty-argv"),
+        pytest.param({"command": [""]}, id="empty-program"),
+        pytest.param({"command": ["true"], "env": {"A": "x\0y"}}, id="nul-in-env-value"),
+        pytest.param({"command": ["true"], "env": {"A=B": "x"}}, id="equals-in-env-name"),
+        pytest.param({"command": ["true"], "env": {"": "x"}}, id="empty-env-name"),
+        pytest.param({"command": ["true"], "timeout": -1}, id="negative-timeout"),
+        pytest.param({"command": ["true"], "output_limit": -5}, id="negative-output-limit"),
+        pytest.param({"command": ["echo", "x" * 200_000]}, id="argument-over-128-KiB"),
+        pytest.param({"command": ["echo", *["y" * 1000] * 2500]}, id="argv-over-2-MiB"),
+    ])
+    async def test_a_callers_mistake_is_a_usage_error_and_keeps_the_sandbox(
+        self, sandbox: Sandbox, mistake: dict[str, object]
+    ) -> None:
+        """What no process could be started with is refused as InvalidCommandError
+        (not retryable: a fresh sandbox would not help), and the sandbox still answers."""
+        with pytest.raises(InvalidCommandError) as caught:
+            await sandbox.exec(**mistake)  # type: ignore[arg-type]
+        assert not caught.value.retryable
+        with pytest.raises(InvalidCommandError):
+            await sandbox.stream(**{k: v for k, v in mistake.items()  # type: ignore[arg-type]
+                                    if k != "stdin"})
+        assert (await sandbox.exec(["echo", "alive"], timeout=30)).stdout == b"alive\n"
 
     async def test_sandbox_killed_mid_command_is_lost(self, backend: Backend) -> None:
         sandbox = await backend.create(self.spec)

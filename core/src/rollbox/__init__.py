@@ -13,7 +13,6 @@ runner (``rollbox.runner``, ``run_rollouts``, ``RetryPolicy``), the environment 
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 from rollbox import runner
@@ -32,6 +31,8 @@ from rollbox.errors import (
     ImageError,
     ImageNotFoundError,
     ImageStoreFullError,
+    InvalidCommandError,
+    InvalidSettingError,
     InvalidSpecError,
     MissingExtraError,
     NotRegularFileError,
@@ -52,7 +53,7 @@ from rollbox.errors import (
 )
 from rollbox.lease import Lease, Outcome
 from rollbox.metrics import Metrics
-from rollbox.plugins import backend_class, get_plugin_manager
+from rollbox.plugins import DEFAULT_BACKEND, backend_class, get_plugin_manager
 from rollbox.policies import LookaheadPolicy, NoPoolPolicy, PoolPolicy, StaticPoolPolicy
 from rollbox.pool import Pool
 from rollbox.results import Failure, RolloutOutput, RolloutResult, RunReport
@@ -71,19 +72,17 @@ from rollbox.wrappers import BackendWrapper, SandboxWrapper
 
 __version__ = "0.1.0"
 
-DEFAULT_BACKEND = "local"
-
 
 def open_backend(name: str | None = None, **options: Any) -> Backend:
     """The backend called ``name`` (default: ``$ROLLBOX_BACKEND``, else ``local``).
 
     Moving from a laptop to a cluster is this one setting.
     """
-    chosen = name or os.environ.get("ROLLBOX_BACKEND") or DEFAULT_BACKEND
-    return backend_class(get_plugin_manager(), chosen)(**options)
+    return backend_class(get_plugin_manager(), name)(**options)
 
 
 __all__ = [
+    "DEFAULT_BACKEND",
     "SANDBOX_SOUND_AFTER",
     "AcquireTimeoutError",
     "Backend",
@@ -104,6 +103,8 @@ __all__ = [
     "ImageError",
     "ImageNotFoundError",
     "ImageStoreFullError",
+    "InvalidCommandError",
+    "InvalidSettingError",
     "InvalidSpecError",
     "Judgement",
     "Lease",

@@ -8,6 +8,8 @@ codes, ...) are mapped onto this tree at the backend's edge, so callers never se
     ├── UsageError                      the caller must change something; never retryable
     │   ├── InvalidSpecError            a SandboxSpec field is out of range or malformed
     │   │   └── UnsupportedSpecError    a field this backend cannot honour (here)
+    │   ├── InvalidCommandError         exec arguments no process could take (NUL, empty argv)
+    │   ├── InvalidSettingError         a ROLLBOX_* environment variable is malformed
     │   ├── PathOutsideSandboxError     a path or symlink leads outside the sandbox
     │   ├── CapabilityNotSupportedError the backend does not declare this capability
     │   ├── UnknownBackendError         no plugin registered a backend by that name
@@ -79,6 +81,25 @@ class UnsupportedSpecError(InvalidSpecError):
         self.backend = backend
 
 
+class InvalidCommandError(UsageError):
+    """Arguments of ``exec``/``stream`` that no process could be started with: an empty
+    argv or program name, a NUL byte, a malformed environment variable, a timeout or
+    output cap that is not positive. Refused before the backend sees them, so a caller's
+    mistake never costs the sandbox."""
+
+    kind = "invalid_command"
+
+
+class InvalidSettingError(UsageError):
+    """A ``ROLLBOX_*`` environment variable is malformed; ``variable`` names it."""
+
+    kind = "invalid_setting"
+
+    def __init__(self, message: str, *, variable: str) -> None:
+        super().__init__(message)
+        self.variable = variable
+
+
 class PathOutsideSandboxError(UsageError):
     kind = "path_outside_sandbox"
 
@@ -96,13 +117,20 @@ class PluginError(UsageError):
 
 
 class MissingExtraError(UsageError, ImportError):
-    """An optional dependency is missing; the message names the exact install command."""
+    """An optional dependency is missing; the message says how to install it."""
 
     kind = "missing_extra"
 
     def __init__(self, feature: str, extra: str) -> None:
-        super().__init__(f'{feature} needs an optional package: pip install "rollbox[{extra}]"')
+        super().__init__(f"{feature} needs an optional package: {install_hint(extra)}")
         self.extra = extra
+
+
+def install_hint(extra: str) -> str:
+    """How to add the extra ``extra`` of the ``rollbox`` package: in a checkout (what
+    works today) and from a package index (once rollbox is published there)."""
+    return (f"in a rollbox checkout run `uv sync --inexact --extra {extra}`; "
+            f'from a package index, `pip install "rollbox[{extra}]"`')
 
 
 class BackendUnavailableError(UsageError):

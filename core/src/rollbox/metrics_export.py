@@ -7,8 +7,9 @@ to the pool (``Pool(backend, plugin_manager=pm)``: its creations and failures, a
 rollouts run over it) or to a run (``run_rollouts(..., plugin_manager=pm)``); they observe
 through the hook specification.
 
-    pip install "rollbox[prometheus]"   # PrometheusExporter
-    pip install "rollbox[otel]"         # OtelSpans
+    uv sync --inexact --extra prometheus   # PrometheusExporter, in a checkout
+    uv sync --inexact --extra otel         # OtelSpans
+    (once published: pip install "rollbox[prometheus]", "rollbox[otel]")
 """
 
 from __future__ import annotations

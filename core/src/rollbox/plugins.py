@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import pluggy
 
-from rollbox import hookspecs
-from rollbox.errors import PluginError, UnknownBackendError
+from rollbox import hookspecs, settings
+from rollbox.errors import PluginError, UnknownBackendError, install_hint
 
 if TYPE_CHECKING:
     from rollbox.backend import Backend
@@ -88,14 +88,26 @@ def backends(pm: pluggy.PluginManager) -> dict[str, type[Backend]]:
     return {name: _resolve(name, ref) for name, ref in _registered_backends(pm).items()}
 
 
-def backend_class(pm: pluggy.PluginManager, name: str) -> type[Backend]:
-    """The backend class called ``name``; only that backend is imported."""
+OPTIONAL_BACKENDS = {"kubernetes": "kubernetes"}
+"""Backends an extra of the ``rollbox`` package adds, by name: name → extra."""
+
+DEFAULT_BACKEND = "local"
+
+
+def backend_class(pm: pluggy.PluginManager, name: str | None = None) -> type[Backend]:
+    """The backend class called ``name`` (None: ``$ROLLBOX_BACKEND``, else ``local``);
+    only that backend is imported."""
+    from_env = name is None and settings.raw("ROLLBOX_BACKEND") is not None
+    chosen = name or settings.text("ROLLBOX_BACKEND", DEFAULT_BACKEND)
     found = _registered_backends(pm)
-    if name not in found:
+    if chosen not in found:
         known = ", ".join(sorted(found)) or "none"
-        hint = ' (pip install "rollbox[kubernetes]")' if name == "kubernetes" else ""
-        raise UnknownBackendError(f"no backend named {name!r}{hint}; installed: {known}")
-    return _resolve(name, found[name])
+        where = " (from the environment variable ROLLBOX_BACKEND)" if from_env else ""
+        extra = OPTIONAL_BACKENDS.get(chosen)
+        hint = f"; to add it, {install_hint(extra)}" if extra else ""
+        raise UnknownBackendError(
+            f"no backend named {chosen!r}{where}; installed: {known}{hint}")
+    return _resolve(chosen, found[chosen])
 
 
 def pool_policies(pm: pluggy.PluginManager) -> dict[str, type[object]]:

@@ -265,7 +265,7 @@ class Pool:
                     state.expecting -= 1
                 continue
             if await self._make_room():
-                return await self._create(spec, counted=True)
+                return await self._create(spec, counted=True, urgent=True)
             async with self._room:
                 if not state.idle:
                     await self._room.wait()
@@ -282,12 +282,15 @@ class Pool:
             return self.live < self.max_sandboxes
         return False
 
-    async def _create(self, spec: SandboxSpec, *, counted: bool = True) -> Sandbox:
+    async def _create(self, spec: SandboxSpec, *, counted: bool = True,
+                      urgent: bool = False) -> Sandbox:
+        """``urgent``: an acquire waits for this sandbox; its create goes before warm-ups
+        in the create limiter (theirs can wait; an acquire's wait is its TTFC)."""
         state = self._state(spec)
         state.creating += 1
         try:
             if self.limiter is not None:
-                await self.limiter.acquire()
+                await self.limiter.acquire(urgent=urgent)
             loop = asyncio.get_running_loop()
             started = loop.time()
             try:

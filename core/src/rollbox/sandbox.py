@@ -11,6 +11,7 @@ subclasses ``rollbox.wrappers.SandboxWrapper``, which forwards all of this.
 from __future__ import annotations
 
 import asyncio
+import math
 import posixpath
 import shlex
 from abc import ABC, abstractmethod
@@ -20,7 +21,11 @@ from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Literal
 
-from rollbox.errors import CapabilityNotSupportedError, PathOutsideSandboxError
+from rollbox.errors import (
+    CapabilityNotSupportedError,
+    InvalidCommandError,
+    PathOutsideSandboxError,
+)
 
 if TYPE_CHECKING:
     from rollbox.spec import SandboxSpec
@@ -270,23 +275,31 @@ class Sandbox(ABC):
         timeout: float | None = None,
         output_limit: int | None = None,
     ) -> ExecRequest:
-        """Resolve exec arguments against the spec. A str runs through ``/bin/sh -c``."""
+        """Resolve exec arguments against the spec. A str runs through ``/bin/sh -c``.
+
+        Raises InvalidCommandError for arguments no process could be started with (see
+        ``check_command``): they are refused here, before a backend sees them."""
         if isinstance(command, str):
             argv: tuple[str, ...] = ("/bin/sh", "-c", command)
+        elif isinstance(command, bytes) or not isinstance(command, Sequence):
+            raise InvalidCommandError(
+                f"command must be a shell string or a list of str, got {type(command).__name__}"
+            )
         else:
             argv = tuple(command)
-            if not argv or not all(isinstance(a, str) for a in argv):
-                raise TypeError("command must be a shell string or a non-empty list of str")
         merged = {**self.base_env, **self.spec.env, **(env or {})}
         merged.setdefault("PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")
         merged.setdefault("HOME", "/root")
+        limit = self.spec.output_limit_bytes if output_limit is None else output_limit
+        timeout_s = self.spec.timeouts.exec_s if timeout is None else timeout
+        check_command(argv, merged, stdin=stdin, timeout_s=timeout_s, output_limit=limit)
         return ExecRequest(
             argv=argv,
             cwd=resolve_path(cwd or self.spec.workdir, self.spec.workdir),
             env=merged,
             stdin=stdin,
-            timeout_s=timeout if timeout is not None else self.spec.timeouts.exec_s,
-            output_limit=output_limit or self.spec.output_limit_bytes,
+            timeout_s=timeout_s,
+            output_limit=limit,
         )
 
     async def exec(
@@ -333,6 +346,76 @@ class Sandbox(ABC):
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.id} image={self.spec.image!r}>"
+
+
+def check_command(
+    argv: Sequence[str],
+    env: Mapping[str, str],
+    *,
+    stdin: bytes | None = None,
+    timeout_s: float = 1.0,
+    output_limit: int = 1,
+) -> None:
+    """Refuse, as InvalidCommandError, what no process could be started with.
+
+    An argv or environment string cannot hold a NUL byte (the kernel takes C strings), an
+    empty argv or program name names nothing to run, and a variable name cannot be empty
+    or hold ``=``. A backend handed such a request might only notice deep inside the
+    sandbox and lose it; refusing here keeps a caller's mistake the caller's."""
+    if not argv:
+        raise InvalidCommandError("command is empty: give a program to run, e.g. ['true']")
+    for i, arg in enumerate(argv):
+        if not isinstance(arg, str):
+            raise InvalidCommandError(
+                f"command argument {i} must be a str, got {type(arg).__name__}: {arg!r}")
+        if "\0" in arg:
+            raise InvalidCommandError(
+                f"command argument {i} holds a NUL byte, which no program can receive: {arg!r}")
+    if not argv[0]:
+        raise InvalidCommandError("the program name (command argument 0) is empty")
+    for key, value in env.items():
+        if not isinstance(key, str) or not key or "=" in key or "\0" in key:
+            raise InvalidCommandError(
+                f"environment variable name {key!r} must be a non-empty str without '=' or NUL")
+        if not isinstance(value, str) or "\0" in value:
+            raise InvalidCommandError(
+                f"environment variable {key} must be a str without NUL, got {value!r}")
+    _check_sizes(argv, env)
+    if stdin is not None and not isinstance(stdin, bytes | bytearray | memoryview):
+        raise InvalidCommandError(f"stdin must be bytes, got {type(stdin).__name__}")
+    if isinstance(timeout_s, bool) or not isinstance(timeout_s, int | float) or not (
+            0 < timeout_s < math.inf):
+        raise InvalidCommandError(f"timeout must be a positive number of seconds, "
+                                  f"got {timeout_s!r}")
+    if isinstance(output_limit, bool) or not isinstance(output_limit, int) or output_limit <= 0:
+        raise InvalidCommandError(f"output_limit must be a positive number of bytes, "
+                                  f"got {output_limit!r}")
+
+
+MAX_ARG_BYTES = 128 * 1024
+"""The most one argument or ``NAME=value`` may take, its NUL included (Linux's
+MAX_ARG_STRLEN): ``execve`` refuses a longer one."""
+MAX_ARGS_TOTAL_BYTES = 2 * 1024 * 1024
+"""The most argv and the environment may take together, counting each string's NUL and
+pointer as the kernel does (Linux's ARG_MAX under the default 8 MiB stack)."""
+
+
+def _check_sizes(argv: Sequence[str], env: Mapping[str, str]) -> None:
+    total = 0
+    strings = [(f"command argument {i}", arg) for i, arg in enumerate(argv)]
+    strings += [(f"environment variable {key}", f"{key}={value}") for key, value in env.items()]
+    for what, text in strings:
+        size = len(text.encode("utf-8", "surrogateescape")) + 1
+        if size > MAX_ARG_BYTES:
+            raise InvalidCommandError(
+                f"{what} takes {size} bytes, over the {MAX_ARG_BYTES} one argument or "
+                "variable may hold; pass large data as stdin or in a file (write_file)")
+        total += size + 8
+    if total > MAX_ARGS_TOTAL_BYTES:
+        raise InvalidCommandError(
+            f"the command's arguments and environment take {total} bytes, over the "
+            f"{MAX_ARGS_TOTAL_BYTES} a program can be started with; pass large data as stdin "
+            "or in a file (write_file)")
 
 
 def resolve_path(path: str, workdir: str = "/") -> str:

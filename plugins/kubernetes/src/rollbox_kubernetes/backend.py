@@ -32,6 +32,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
 from kubernetes_asyncio.client import ApiClient, Configuration, CoreV1Api
+from rollbox import settings
 from rollbox.backend import Backend, Diagnostic
 from rollbox.errors import (
     BackendUnavailableError,
@@ -46,7 +47,15 @@ from rollbox.spec import Network, SandboxSpec
 from rollbox_kubernetes import render
 from rollbox_kubernetes.client import ApiError, KubeClient, Obj, RequestStats
 from rollbox_kubernetes.podexec import ChannelWsApiClient
-from rollbox_kubernetes.resources import CLAIMS, NETWORK_POLICIES, PODS, SANDBOXES, Resource
+from rollbox_kubernetes.resources import (
+    CLAIMS,
+    NETWORK_POLICIES,
+    PODS,
+    SANDBOXES,
+    Resource,
+    namespace_problem,
+    run_id_problem,
+)
 from rollbox_kubernetes.sandbox import KubeSandbox
 from rollbox_kubernetes.status import ClaimState, claim_state, pod_problem, pod_ready, sandbox_state
 from rollbox_kubernetes.transport import TransportOptions, Transports
@@ -101,8 +110,10 @@ class KubernetesBackend(Backend):
             raise InvalidSpecError(f"kubernetes backend mode must be one of {MODES}, got {mode!r}")
         self.mode = mode
         self.options = render.KubeOptions(
-            namespace=namespace or os.environ.get("ROLLBOX_K8S_NAMESPACE", "default"),
-            run_id=run_id or os.environ.get("ROLLBOX_RUN_ID") or f"r{secrets.token_hex(4)}",
+            namespace=namespace or settings.checked("ROLLBOX_K8S_NAMESPACE", "default",
+                                                    namespace_problem),
+            run_id=run_id or settings.checked("ROLLBOX_RUN_ID", f"r{secrets.token_hex(4)}",
+                                              run_id_problem),
             runtime_class=runtime_class, node_selector=dict(node_selector or {}),
             tolerations=tuple(tolerations),
             keepalive=tuple(keepalive) if keepalive is not None else (
@@ -435,17 +446,39 @@ async def load_configuration(host: str | None, kubeconfig: str | None,
     if host is not None:
         configuration.host = host
         return configuration
-    try:
-        await kube_config.load_kube_config(config_file=kubeconfig, context=context,
-                                           client_configuration=configuration)
-        return configuration
-    except Exception as kube_error:
+    paths = _kubeconfig_paths(kubeconfig)
+    if paths:  # only existing files: the loader logs a stray warning for a missing one
         try:
-            kube_config.load_incluster_config(  # type: ignore[no-untyped-call]
-                client_configuration=configuration)
+            await kube_config.load_kube_config(config_file=os.pathsep.join(paths),
+                                               context=context,
+                                               client_configuration=configuration)
             return configuration
-        except Exception:
+        except Exception as exc:
             raise BackendUnavailableError(
-                f"no Kubernetes credentials: {kube_error}; set KUBECONFIG (kind: "
-                "`kind get kubeconfig > kubeconfig`, GKE: `gcloud container clusters "
-                "get-credentials`) or run inside a cluster") from None
+                f"cannot use the kubeconfig {os.pathsep.join(paths)}: "
+                f"{' '.join(str(exc).split())}") from None
+    try:
+        kube_config.load_incluster_config(  # type: ignore[no-untyped-call]
+            client_configuration=configuration)
+        return configuration
+    except Exception:
+        where = (f"--kubeconfig {kubeconfig} does not exist" if kubeconfig
+                 else "no kubeconfig ($KUBECONFIG is unset or names no existing file, and "
+                      "there is no ~/.kube/config)")
+        raise BackendUnavailableError(
+            f"no Kubernetes credentials: {where}, and this is not a pod in a cluster; set "
+            "KUBECONFIG (kind: `kind get kubeconfig > kubeconfig`, GKE: `gcloud container "
+            "clusters get-credentials`) or run inside a cluster") from None
+
+
+def _kubeconfig_paths(kubeconfig: str | None) -> list[str]:
+    """The kubeconfig files that exist among ``kubeconfig``, else ``$KUBECONFIG`` (a
+    list), else ``~/.kube/config``."""
+    if kubeconfig:
+        candidates = [kubeconfig]
+    elif os.environ.get("KUBECONFIG"):
+        candidates = os.environ["KUBECONFIG"].split(os.pathsep)
+    else:
+        candidates = [os.path.expanduser("~/.kube/config")]
+    return [os.path.expanduser(p) for p in candidates if p and os.path.isfile(
+        os.path.expanduser(p))]

@@ -31,6 +31,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from rollbox.errors import InvalidSpecError
 from rollbox.sandbox import Sandbox
 from rollbox.spec import Network, SandboxSpec
 
@@ -50,6 +51,8 @@ from rollbox_kubernetes.resources import (
     WARM_POOLS,
     check_run_id,
     digest,
+    label_problem,
+    namespace_problem,
 )
 
 Obj = dict[str, Any]
@@ -75,8 +78,16 @@ class KubeOptions:
 
     def __post_init__(self) -> None:
         check_run_id(self.run_id)
-        if self.warm_replicas < 0:
-            raise ValueError("warm_replicas must be >= 0")
+        problem = namespace_problem(self.namespace)
+        if problem is not None:
+            raise InvalidSpecError(f"namespace {self.namespace!r} {problem}")
+        for key, value in self.node_selector.items():
+            if (problem := label_problem(key, value)) is not None:
+                raise InvalidSpecError(f"node selector {key}={value}: {problem}")
+        if isinstance(self.warm_replicas, bool) or not isinstance(self.warm_replicas, int) or (
+                self.warm_replicas < 0):
+            raise InvalidSpecError(f"warm_replicas must be a whole number >= 0, "
+                                   f"got {self.warm_replicas!r}")
 
 
 def labels(options: KubeOptions, spec_key: str | None = None) -> dict[str, str]:

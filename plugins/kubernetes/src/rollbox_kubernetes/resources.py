@@ -13,6 +13,8 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from rollbox.errors import InvalidSpecError
+
 CORE_GROUP = "agents.x-k8s.io"
 EXT_GROUP = "extensions.agents.x-k8s.io"
 VERSION = "v1beta1"
@@ -69,16 +71,45 @@ NETWORK_POLICIES = Resource("networking.k8s.io", "v1", "networkpolicies", "Netwo
 CRDS = tuple(f"{r.plural}.{r.group}" for r in (SANDBOXES, TEMPLATES, WARM_POOLS, CLAIMS))
 
 _RUN_ID = re.compile(r"^[a-z0-9]([-a-z0-9]{0,30}[a-z0-9])?$")
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+_LABEL_NAME = r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?"
+_LABEL_KEY = re.compile(rf"^([a-z0-9]([-a-z0-9.]{{0,251}}[a-z0-9])?/)?{_LABEL_NAME}$")
+_LABEL_VALUE = re.compile(rf"^({_LABEL_NAME})?$")
+TAINT_EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
+
+
+def run_id_problem(run_id: str) -> str | None:
+    """Why ``run_id`` cannot be a run id, or None: it must be a valid label value and
+    short enough to prefix object names."""
+    if _RUN_ID.match(run_id):
+        return None
+    return ("must be 1-32 lowercase letters, digits or '-', starting and ending with a "
+            "letter or digit")
 
 
 def check_run_id(run_id: str) -> str:
-    """A run id must be a valid label value and short enough to prefix object names."""
-    if not _RUN_ID.match(run_id):
-        raise ValueError(
-            f"run id {run_id!r} must be 1-32 lowercase letters, digits or '-', "
-            "starting and ending with a letter or digit"
-        )
+    problem = run_id_problem(run_id)
+    if problem is not None:
+        raise InvalidSpecError(f"run id {run_id!r} {problem}")
     return run_id
+
+
+def namespace_problem(namespace: str) -> str | None:
+    """Why ``namespace`` cannot name a namespace (an RFC 1123 label), or None."""
+    if _DNS_LABEL.match(namespace):
+        return None
+    return "must be 1-63 lowercase letters, digits or '-', starting and ending with one of those"
+
+
+def label_problem(key: str, value: str) -> str | None:
+    """Why ``key=value`` cannot be a label (or node selector), or None."""
+    if not _LABEL_KEY.match(key):
+        return (f"key {key!r} must be an optional DNS prefix and '/', then 1-63 letters, "
+                "digits, '-', '_' or '.' starting and ending with a letter or digit")
+    if not _LABEL_VALUE.match(value):
+        return (f"value {value!r} must be empty or 1-63 letters, digits, '-', '_' or '.' "
+                "starting and ending with a letter or digit")
+    return None
 
 
 def digest(obj: Any, length: int = 10) -> str:

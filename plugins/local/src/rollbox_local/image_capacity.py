@@ -8,10 +8,10 @@ module decides and accounts; the store moves the chosen images out.
 
 from __future__ import annotations
 
-import os
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Protocol
 
+from rollbox import settings
 from rollbox.errors import ImageStoreFullError, UsageError
 
 from rollbox_local.image_plans import Plan
@@ -29,15 +29,11 @@ class Stored(Protocol):
 
 
 def capacity_from_env() -> int:
-    """``$ROLLBOX_IMAGE_CAPACITY_GB`` (default 20) in bytes; a UsageError if malformed."""
-    raw = os.environ.get("ROLLBOX_IMAGE_CAPACITY_GB", "")
-    try:
-        gb = float(raw) if raw.strip() else DEFAULT_CAPACITY_GB
-    except ValueError:
-        raise UsageError(f"ROLLBOX_IMAGE_CAPACITY_GB={raw!r} is not a number (GiB)") from None
-    if gb <= 0:
-        raise UsageError(f"ROLLBOX_IMAGE_CAPACITY_GB={raw!r} must be positive")
-    return int(gb * GiB)
+    """``$ROLLBOX_IMAGE_CAPACITY_GB`` (default 20) in bytes; InvalidSettingError (a
+    UsageError) naming the variable if malformed."""
+    gb = settings.positive("ROLLBOX_IMAGE_CAPACITY_GB", DEFAULT_CAPACITY_GB,
+                           what="the image store's capacity in GiB, e.g. 20")
+    return max(1, int(gb * GiB))
 
 
 def mb(n: int) -> str:
@@ -63,13 +59,15 @@ class Capacity:
         return sum(e.size_bytes for e in self._stored.values()) + reserved
 
     def reserve(self, plan: Plan, *, spare: Collection[str] | None, hinted: Sequence[str],
-                need: int | None = None) -> list[str]:
+                need: int | None = None,
+                evictable: Callable[[str], bool] = lambda digest: True) -> list[str]:
         """Reserve ``need`` bytes (default: the plan's estimate) for ``plan``; returns the
         digests to evict first, least recently used first.
 
         ``spare``: images to keep; None keeps the ``hinted`` ones unless nothing else
         makes room (then the latest hinted go first). Raises UsageError when the image is
-        larger than the store, ImageStoreFullError when pins leave no room."""
+        larger than the store, ImageStoreFullError when pins leave no room.
+        ``evictable(digest)`` may pass an unpinned image over (another process pins it)."""
         need = plan.probe.estimate_bytes if need is None and plan.probe else (need or 0)
         if need > self.capacity_bytes:
             raise UsageError(
@@ -92,8 +90,11 @@ class Capacity:
             for entry in order:
                 if used + need <= self.capacity_bytes:
                     break
-                used -= entry.size_bytes
-                victims.append(entry.digest)
+                if evictable(entry.digest):
+                    used -= entry.size_bytes
+                    victims.append(entry.digest)
+            if used + need > self.capacity_bytes:
+                raise self._full_error(plan, need)
         self.reserved[plan.key] = need
         return victims
 

@@ -104,8 +104,8 @@ class Resolver:
         ref_key = oci.path_key(kind, path)
         if not os.path.lexists(path):
             also = "" if ref.startswith(("/", ".", "~")) or kind else " and no imported name"
-            raise ImageNotFoundError(
-                f"no image {ref!r}: no file or directory at {path}{also}")
+            raise ImageNotFoundError(f"no image {ref!r}: no file or directory at {path}{also}"
+                                     f"{oci.registry_hint(ref)}")
         rec = self._refs.get(ref_key)
         if rec is not None and not force_probe:
             fp = oci.fingerprint(oci.detect(kind, path), path)
@@ -125,7 +125,7 @@ class Resolver:
             raise ImageNotFoundError(
                 f"no image {name!r}: it is not 'host', not an imported name (see rollbox "
                 "images ls) and no file or directory by that path exists"
-            )
+                f"{oci.registry_hint(name)}")
         digest = str(rec["digest"])
         if (digest in self._stored and not force_probe) or not probe:
             return Plan(name, digest if digest in self._stored else None)

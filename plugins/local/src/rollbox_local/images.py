@@ -20,8 +20,8 @@ evicted to keep it is ``image_capacity``; this module hydrates, pins and evicts.
 
 Concurrency: one store object serves the coroutines of one event loop (its bookkeeping
 runs on the loop thread, heavy work in worker threads). Several processes may share a
-root, but pins are not shared between processes: do not ``rollbox images rm`` an image a
-running job uses.
+root: a pin is also a shared lock on ``pins/<digest>`` (``image_pins``), so neither
+``remove`` nor eviction in any process takes an image a sandbox of another uses.
 """
 
 from __future__ import annotations
@@ -53,6 +53,7 @@ from rollbox.errors import (
 
 from rollbox_local import oci
 from rollbox_local.image_capacity import Capacity, capacity_from_env, mb
+from rollbox_local.image_pins import SharedPins
 from rollbox_local.image_plans import HOST, Plan, Resolver, is_name, source_changed, validate_name
 from rollbox_local.images_index import ImagesIndex
 from rollbox_local.layers import remove_tree
@@ -136,8 +137,14 @@ class ImageStore:
         self._images = self.root / "images"
         self._tmp = self.root / "tmp"
         self._trash = self.root / "trash"
-        for d in (self._images, self._tmp, self._trash):
-            d.mkdir(parents=True, exist_ok=True)
+        try:
+            for d in (self._images, self._tmp, self._trash):
+                d.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise UsageError(f"cannot use the image store {self.root}: {exc.strerror or exc} "
+                             f"({exc.filename}); set ROLLBOX_HOME to a directory you can "
+                             "write") from None
+        self._shared = SharedPins(self.root / "pins")
         self._entries: dict[str, _Entry] = {}
         self._index = ImagesIndex(self.root / "index.json", self._images)
         self._refs = self._index.refs
@@ -182,6 +189,8 @@ class ImageStore:
             entry = await self._ensure(ref, background=ahead_of_need())
             # Between the hydration finishing and this coroutine resuming, another one
             # may have evicted it; then hydrate again.
+            if entry.digest in self._entries and not self._pins[entry.digest]:
+                await self._hold_shared(entry.digest)
             if entry.digest in self._entries:
                 self._pins[entry.digest] += 1
                 self._touch(entry)
@@ -190,6 +199,17 @@ class ImageStore:
             f"image {ref!r} was evicted {_MAX_PIN_ATTEMPTS} times before it could be pinned; "
             "the store is too small for the images in flight (raise ROLLBOX_IMAGE_CAPACITY_GB)"
         )
+
+    async def _hold_shared(self, digest: str) -> None:
+        """The cross-process pin; a removal in another process holding the image right
+        now is waited out in a thread (and if it removed the image, it is forgotten
+        here, so the caller hydrates it again)."""
+        if self._shared.try_hold(digest):
+            return
+        await asyncio.to_thread(self._shared.hold, digest)
+        if not (self._images / digest.removeprefix("sha256:")).is_dir():
+            self._shared.release(digest)
+            self._entries.pop(digest, None)
 
     def unpin(self, image: Image) -> None:
         if image.digest == HOST:
@@ -200,6 +220,7 @@ class ImageStore:
         self._pins[image.digest] -= 1
         if self._pins[image.digest] == 0:
             del self._pins[image.digest]
+            self._shared.release(image.digest)
         entry = self._entries.get(image.digest)
         if entry is not None:
             self._touch(entry)
@@ -254,11 +275,17 @@ class ImageStore:
                 f"image {ref!r} ({digest[:19]}) is in use by {self._pins[digest]} sandbox(es); "
                 "close them first, then remove it"
             )
-        gone = [r for r, rec in self._refs.items() if rec.get("digest") == digest]
-        if gone:
-            self._index.update(dict.fromkeys(gone))
-        if digest in self._entries:
-            remove_tree(self._evict(digest, count=False))
+        with self._shared.exclusive(digest) as free:
+            if not free:
+                raise UsageError(
+                    f"image {ref!r} ({digest[:19]}) is in use by a sandbox in another "
+                    "process; close it (or stop that job) first, then remove the image")
+            gone = [r for r, rec in self._refs.items() if rec.get("digest") == digest]
+            if gone:
+                self._index.update(dict.fromkeys(gone))
+            trash = self._evict(digest, count=False) if digest in self._entries else None
+        if trash is not None:
+            remove_tree(trash)
         self._index.save()  # a blocking call anyway: on disk before it returns
 
     def import_path(self, path: Path | str, name: str | None = None) -> Image:
@@ -317,6 +344,7 @@ class ImageStore:
             await self._index.flush()
         except OSError as exc:  # a cache for later runs: losing it costs a re-probe
             log.warning("could not save the image index %s: %s", self._index.path, exc)
+        self._shared.close()
         self._unpackers.shutdown()
         if self._owns_chores:
             self.chores.shutdown()
@@ -433,9 +461,16 @@ class ImageStore:
     def _make_room(self, plan: Plan, *, spare: Collection[str] | None,
                    need: int | None = None) -> builtins.list[Path]:
         """Reserve room for ``plan`` (``Capacity.reserve``) and evict what that takes;
-        returns the evicted directories, for deletion."""
-        victims = self._capacity.reserve(plan, spare=spare, hinted=self._hinted, need=need)
-        return [self._evict(digest) for digest in victims]
+        returns the evicted directories, for deletion. An image a sandbox in another
+        process uses is passed over (its lock is held until it is moved out)."""
+        with contextlib.ExitStack() as held:
+
+            def evictable(digest: str) -> bool:
+                return bool(held.enter_context(self._shared.exclusive(digest)))
+
+            victims = self._capacity.reserve(plan, spare=spare, hinted=self._hinted,
+                                             need=need, evictable=evictable)
+            return [self._evict(digest) for digest in victims]
 
     def _evict(self, digest: str, *, count: bool = True) -> Path:
         """Forget ``digest`` and move its directory to trash (the caller deletes it)."""

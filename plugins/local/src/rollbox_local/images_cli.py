@@ -13,21 +13,23 @@ from rollbox_local.images import Image, ImageInfo, ImageStore
 
 
 def image_commands() -> list[Command]:
-    return [Command("images", "Manage the local backend's image store.", configure, run)]
+    return [Command("images", "Manage the local backend's image store: list, import, "
+                    "prefetch and remove images.", configure, run)]
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="images_action", metavar="ACTION", required=True)
-    ls = sub.add_parser("ls", help="list stored images")
+    ls = sub.add_parser("ls", help="list stored images: names, digest, size, pins, last use")
     ls.add_argument("--json", action="store_true", help="one JSON object per line")
     imp = sub.add_parser(
         "import", help="unpack an image now: an OCI layout (dir or tar), a docker save "
         "tar or a rootfs directory (prefix oci:, docker-archive: or dir: to force a format)")
-    imp.add_argument("path")
+    imp.add_argument("path", help="the image's file or directory (registries are not read: "
+                     "`docker save` or `skopeo copy` it to a file first)")
     imp.add_argument("--name", help="name to refer to it by (default: its path)")
     pre = sub.add_parser("prefetch", help="hydrate an image (a name or path) ahead of need")
-    pre.add_argument("ref")
-    rm = sub.add_parser("rm", help="delete a stored image (refused while in use)")
+    pre.add_argument("ref", help="a name from `rollbox images ls`, or a path as for import")
+    rm = sub.add_parser("rm", help="delete a stored image (refused while a sandbox uses it)")
     rm.add_argument("ref", help="a name, path or digest from `rollbox images ls`")
 
 

@@ -82,6 +82,30 @@ def split_path_ref(ref: str) -> tuple[Kind | None, Path] | None:
     return None
 
 
+_REGISTRY_REF = re.compile(
+    r"^(?:[a-z0-9][a-z0-9.-]*(?::[0-9]+)?/)?"  # registry host[:port]/ (optional)
+    r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*(?:/[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*)*"
+    r"(?::[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?(?:@sha256:[0-9a-f]{64})?$")
+
+
+def registry_hint(ref: str) -> str:
+    """For a ref that looks like a registry reference (``python:3.12``,
+    ``docker.io/library/python:3.12``), how to bring that image here: the local backend
+    reads files, it never pulls. Empty for anything else."""
+    if ref.startswith((".", "/", "~")) or not _REGISTRY_REF.match(ref):
+        return ""
+    first = ref.split("/", 1)[0] if "/" in ref else ""
+    host = "." in first or ":" in first or first == "localhost"
+    if not host and ":" not in ref.rsplit("/", 1)[-1]:
+        return ""  # a bare word or relative path: no sign of a registry
+    base = ref.rsplit("/", 1)[-1].split("@")[0].split(":")[0]
+    return (f". {ref!r} looks like a registry reference, and the local backend does not "
+            f"pull from registries: save the image to a file first (`docker save {ref} -o "
+            f"{base}.tar`, or `skopeo copy docker://{ref} oci:{base}`), then "
+            f"`rollbox images import {base}.tar --name {ref}` (see docs/local-backend.md, "
+            "Images)")
+
+
 def path_key(kind: Kind | None, path: Path) -> str:
     """The canonical spelling of a path ref: its absolute path, with the prefix if forced."""
     prefix = next((p for p, k in PREFIXES.items() if k == kind), "") if kind else ""

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from rollbox import settings
 from rollbox.paths import default_home
 
 __all__ = ["default_home", "process_alive", "sandbox_ids", "unreachable_by"]
@@ -17,7 +18,10 @@ def sandbox_ids() -> tuple[int, int] | None:
     (an unprivileged user's sandboxes run as that user, mapped to root inside)."""
     if os.geteuid() != 0:
         return None
-    uid = int(os.environ.get("ROLLBOX_SANDBOX_UID", DEFAULT_SANDBOX_UID))
+    # Not 0 (the point is to not be root) and not 2**32-1, which means "no uid" to chown.
+    uid = settings.integer("ROLLBOX_SANDBOX_UID", DEFAULT_SANDBOX_UID, low=1, high=2**32 - 2,
+                           what="an unprivileged host uid (not 0: sandboxes never run as "
+                                "root)")
     return uid, uid
 
 

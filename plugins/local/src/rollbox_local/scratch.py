@@ -37,6 +37,7 @@ import stat
 import threading
 from pathlib import Path
 
+from rollbox import settings
 from rollbox.errors import UsageError
 
 from rollbox_local.owners import claim, sweep
@@ -61,21 +62,26 @@ class Scratch:
         disk = state_dir / "sandboxes"
         disk.mkdir(parents=True, exist_ok=True)
         sweep(disk)
-        choice = str(setting or os.environ.get("ROLLBOX_SCRATCH") or "auto")
+        choice = str(setting or settings.text("ROLLBOX_SCRATCH", "auto"))
+        origin = "scratch" if setting else "ROLLBOX_SCRATCH"
         if choice == "disk":
             return cls(disk, None, tmpfs_layers=False)
         if choice not in ("auto", "memory"):
             path = Path(choice)
             if not path.is_absolute():
-                raise UsageError(f"ROLLBOX_SCRATCH must be auto, memory, disk or an absolute "
-                                 f"path, got {choice!r}")
-            path.mkdir(parents=True, exist_ok=True)
+                raise _bad_scratch(origin, choice, "is not auto, memory, disk or an "
+                                   "absolute path", "set it to one of those")
+            try:
+                path.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                raise _bad_scratch(origin, choice, f"cannot be made a directory "
+                                   f"({exc.strerror})", "give a directory you can write") from None
             sweep(path)
             return cls(path, None, tmpfs_layers=False)
         why_not = memory_unavailable()
         if why_not is not None:
             if choice == "memory":
-                raise UsageError(f"ROLLBOX_SCRATCH=memory, but {why_not}; use auto or disk")
+                raise UsageError(f"{origin}=memory, but {why_not}; use auto or disk")
             return cls(disk, None, tmpfs_layers=False)
         shm = SHM / f"rollbox-{os.geteuid()}" if _is_tmpfs(SHM) else None
         if shm is not None and shm.is_dir():
@@ -162,3 +168,9 @@ def fs_type(path: Path) -> str | None:
 def _kernel() -> tuple[int, int]:
     match = re.match(r"(\d+)\.(\d+)", platform.release())
     return (int(match.group(1)), int(match.group(2))) if match else (0, 0)
+
+
+def _bad_scratch(origin: str, value: str, problem: str, advice: str) -> UsageError:
+    if origin == "ROLLBOX_SCRATCH":
+        return settings.invalid(origin, value, problem, advice)
+    return UsageError(f"LocalBackend(scratch={value!r}) {problem}; {advice}")

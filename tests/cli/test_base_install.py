@@ -1,0 +1,30 @@
+"""A base install (rollbox-core and rollbox-local, no extras): what an extra would add
+is named with the command that installs it, never a bare ``invalid choice``."""
+
+from __future__ import annotations
+
+import subprocess
+
+import pytest
+from cli_support import cli_env
+from isolated_env import EnvRecipe, ensure_env
+
+BASE = EnvRecipe(name="base-install", python="3.11", editable=("core", "plugins/local"))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("args", "says"), [
+    (["k8s", "render", "--image", "x"], "`rollbox k8s` (the kubernetes commands)"),
+    (["k8s", "--help"], "`rollbox k8s` (the kubernetes commands)"),
+    (["run", "--backend", "kubernetes", "--", "true"], "no backend named 'kubernetes'"),
+])
+def test_what_an_extra_adds_names_the_extra(args: list[str], says: str, tmp_path: object
+                                           ) -> None:
+    env = ensure_env(BASE)
+    result = subprocess.run([str(env / "bin" / "rollbox"), *args], capture_output=True,
+                            text=True, timeout=60, env=cli_env(tmp_path))  # type: ignore[arg-type]
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert says in result.stderr, result.stderr
+    assert "uv sync --inexact --extra kubernetes" in result.stderr
+    assert 'pip install "rollbox[kubernetes]"' in result.stderr
+    assert "invalid choice" not in result.stderr and "Traceback" not in result.stderr
