@@ -24,6 +24,7 @@ from rollbox.plugins import backend_class, get_plugin_manager
 from rollbox.pool import Lease, NoPoolPolicy, Outcome, Pool, PoolPolicy, StaticPoolPolicy
 from rollbox.sandbox import (
     Capabilities,
+    Endpoint,
     ExecRequest,
     ExecResult,
     OutputChunk,
@@ -51,6 +52,7 @@ __all__ = [
     "Backend",
     "Capabilities",
     "Diagnostic",
+    "Endpoint",
     "ExecRequest",
     "ExecResult",
     "ExecTimeoutError",
