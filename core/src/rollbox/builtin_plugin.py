@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 from rollbox.backend import Backend
 from rollbox.cli_commands import Command
-from rollbox.hookspecs import hookimpl
+from rollbox.hookspecs import BackendRef, hookimpl
 from rollbox.policies import LookaheadPolicy
 from rollbox.pool import NoPoolPolicy, StaticPoolPolicy
 from rollbox.synthetic import SyntheticSource
@@ -15,8 +15,15 @@ from rollbox.testing.fake import FakeBackend
 
 
 @hookimpl
-def rollbox_register_backends(register: Callable[[str, type[Backend]], None]) -> None:
+def rollbox_register_backends(register: Callable[[str, BackendRef], None]) -> None:
     register("fake", FakeBackend)
+    register("remote", _remote_backend)
+
+
+def _remote_backend() -> type[Backend]:
+    from rollbox.remote import RemoteBackend
+
+    return RemoteBackend
 
 
 @hookimpl
