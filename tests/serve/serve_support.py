@@ -45,12 +45,13 @@ class ServeProcess:
         return (self.state / "serve" / "token").read_text().strip()
 
     def start(self, timeout: float = 60.0) -> ServeProcess:
+        offset = self.log.stat().st_size if self.log.exists() else 0
         with self.log.open("ab") as log:
             self.process = subprocess.Popen(
                 [sys.executable, "-m", "rollbox", "serve", *self.args],
                 env=self.env, stdout=log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + timeout
-        while b"use it:" not in self.log.read_bytes():
+        while b"use it:" not in self.log.read_bytes()[offset:]:
             if self.process.poll() is not None or time.monotonic() > deadline:
                 raise AssertionError(f"rollbox serve did not start:\n{self.log.read_text()}")
             time.sleep(0.05)
@@ -66,6 +67,6 @@ class ServeProcess:
             self.process.kill()
             raise
 
-    def client_env(self) -> dict[str, str]:
+    def client_env(self, token: str | None = None) -> dict[str, str]:
         return {**self.env, "ROLLBOX_BACKEND": "remote", "ROLLBOX_URL": self.url,
-                "ROLLBOX_TOKEN": self.token}
+                "ROLLBOX_TOKEN": token or self.token}

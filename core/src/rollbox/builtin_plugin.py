@@ -45,6 +45,8 @@ def rollbox_register_commands(register: Callable[[Command], None]) -> None:
     register(Command("run", "Run a command in a fresh sandbox.", cli.configure_run, cli.run))
     register(Command("doctor", "Check that a backend can run here.", cli.configure_doctor,
                      cli.doctor))
+    register(Command("ps", "List the sandboxes a rollbox server holds.", cli.configure_ps,
+                     cli.ps))
     from rollbox import bench_cli
 
     register(Command("bench", "Compare baseline and rollbox on a burst of rollouts.",

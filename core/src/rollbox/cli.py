@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import sys
+import time
 from collections.abc import Sequence
+from typing import Any
+from urllib.parse import quote
 
 from rollbox.errors import CommandNotFoundError, ExecTimeoutError, RollboxError
 from rollbox.plugins import backend_class, backend_names, commands, get_plugin_manager
@@ -51,6 +55,9 @@ def add_backend_option(parser: argparse.ArgumentParser) -> None:
 
 def configure_run(parser: argparse.ArgumentParser) -> None:
     add_backend_option(parser)
+    parser.add_argument("--url", default=None,
+                        help="run through the rollbox server at URL (the remote backend; "
+                             "token from $ROLLBOX_TOKEN or the server's token file)")
     parser.add_argument("--image", default="host", help="image reference (default: host)")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds (exit 124 past it)")
     parser.add_argument("--network", choices=[n.value for n in Network], default="none",
@@ -70,11 +77,13 @@ def run(args: argparse.Namespace) -> int:
         image=args.image, network=Network(args.network), workdir=args.workdir,
         timeouts=Timeouts(exec_s=args.timeout),
     )
-    return asyncio.run(_run(args.backend, spec, cmd))
+    options = {"url": args.url} if args.url else {}
+    return asyncio.run(_run("remote" if args.url else args.backend, spec, cmd, options))
 
 
-async def _run(backend_name: str, spec: SandboxSpec, cmd: list[str]) -> int:
-    backend = backend_class(get_plugin_manager(), backend_name)()
+async def _run(backend_name: str, spec: SandboxSpec, cmd: list[str],
+               options: dict[str, str]) -> int:
+    backend = backend_class(get_plugin_manager(), backend_name)(**options)
     async with backend:
         sandbox = await backend.create(spec)
         async with sandbox:
@@ -119,3 +128,48 @@ def doctor(args: argparse.Namespace) -> int:
         failed |= check.required and not check.ok
     print(f"backend {args.backend!r} {'cannot' if failed else 'can'} run here")
     return 1 if failed else 0
+
+
+def configure_ps(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--url", default=None,
+                        help="the server (default: $ROLLBOX_URL or the default socket)")
+    parser.add_argument("--owner", default=None, help="only this owner's sandboxes")
+    parser.add_argument("--json", action="store_true", help="print JSON")
+
+
+def ps(args: argparse.Namespace) -> int:
+    """The sandboxes a ``rollbox serve`` server holds."""
+    from rollbox.remote import RemoteBackend
+
+    async def listing(backend: RemoteBackend) -> list[dict[str, Any]]:
+        query = f"?owner={quote(args.owner, safe='')}" if args.owner else ""
+        try:
+            found: list[dict[str, Any]] = await backend.call("GET", f"/sandboxes{query}")
+        finally:
+            await backend.http.aclose()
+        return found
+
+    backend = RemoteBackend(url=args.url)
+    held = asyncio.run(listing(backend))
+    if args.json:
+        print(json.dumps({"server": backend.server, "sandboxes": held}, indent=2))
+        return 0
+    info = backend.server
+    print(f"{backend.address}: {info.get('backend')} backend, {len(held)} held, "
+          f"{info.get('idle')} warm")
+    if held:
+        print(f"{'ID':<37} {'OWNER':<24} {'IMAGE':<24} {'AGE':>7} {'IDLE':>7}  STATE")
+    now = time.time()
+    for s in held:
+        state = f"busy ({s['busy']})" if s["busy"] else "idle"
+        print(f"{s['id']:<37} {s['owner'][:24]:<24} {s['image'][:24]:<24} "
+              f"{_age(now - s['created_at']):>7} {_age(s['idle_s']):>7}  {state}")
+    return 0
+
+
+def _age(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:.0f}s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f}m"
+    return f"{seconds / 3600:.0f}h"

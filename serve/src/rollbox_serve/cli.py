@@ -36,9 +36,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--idle-ttl", type=float, default=600.0, metavar="SECONDS",
                         help="take back sandboxes no request touched for this long "
                              "(default %(default)s)")
-    parser.add_argument("--max-idle", type=int, default=4,
-                        help="warm sandboxes kept per spec beyond what clients ask for "
-                             "(default %(default)s)")
+    parser.add_argument("--max-idle", type=int, default=2,
+                        help="sandboxes a release keeps warm per spec beyond what clients "
+                             "ask to keep warm (default %(default)s)")
+    parser.add_argument("--pool-idle", type=float, default=60.0, metavar="SECONDS",
+                        help="how long such surplus stays warm (default %(default)s)")
     parser.add_argument("--max-sandboxes", type=int, default=None,
                         help="most sandboxes at once, held and warm (default: no limit)")
     parser.add_argument("--create-rate", type=float, default=None,
@@ -77,7 +79,8 @@ async def serve(args: argparse.Namespace) -> int:
     try:
         backend = backend_class(get_plugin_manager(), backend_name)()
         server = Server(backend, token=claim.token, idle_ttl_s=args.idle_ttl,
-                        max_idle=args.max_idle, max_sandboxes=args.max_sandboxes,
+                        max_idle=args.max_idle, pool_idle_s=args.pool_idle,
+                        max_sandboxes=args.max_sandboxes,
                         create_rate=args.create_rate,
                         max_file_bytes=int(args.max_file_mb * 1024 * 1024))
         try:

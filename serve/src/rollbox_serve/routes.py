@@ -245,8 +245,8 @@ class _Handlers:
         return web.json_response({"id": self.server.registry.add_snapshot(snapshot)})
 
     async def port(self, request: web.Request) -> web.Response:
-        held = self._held(request)
         port = _port(request)
+        held = self._held(request)
         with self.server.working_on(held):
             _, _, headers = await self.server.endpoint(held, port)
         return web.json_response({"headers": headers})

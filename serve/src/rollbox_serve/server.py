@@ -22,6 +22,7 @@ import time
 from collections.abc import Iterator
 
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 from rollbox.backend import Backend
 from rollbox.errors import (
     CapabilityNotSupportedError,
@@ -38,6 +39,18 @@ from rollbox_serve.metrics import WindowMetrics
 from rollbox_serve.registry import Held, Registry
 
 log = logging.getLogger("rollbox.serve")
+
+
+class _QuietBadRequests(logging.Filter):
+    """aiohttp logs each malformed request a client sends at ERROR, with a traceback;
+    the client gets its 400, and the server's log stays for the server's own errors."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        error = record.exc_info[1] if record.exc_info else None
+        return not isinstance(error, HttpProcessingError)
+
+
+_QUIET = _QuietBadRequests()
 
 
 class Server:
@@ -98,6 +111,7 @@ class Server:
         """Listen on ``listen`` (a unix socket path is created 0600; TCP port 0 picks a
         free port) and return the address clients use."""
         address = listen if isinstance(listen, Address) else Address.parse(listen)
+        logging.getLogger("aiohttp.server").addFilter(_QUIET)
         runner = web.AppRunner(self.app, access_log=None, handle_signals=False,
                                shutdown_timeout=5.0)
         await runner.setup()

@@ -132,11 +132,11 @@ async def _control(ws: web.WebSocketResponse, process: Process) -> None:
 
 
 async def tunnel_handler(server: Server, request: web.Request) -> web.StreamResponse:
-    held = server.held(request.match_info["id"])
     try:
         port = check_port(int(request.match_info["port"]))
     except ValueError:
         raise UsageError("a port is a number in 1-65535") from None
+    held = server.held(request.match_info["id"])
     with server.working_on(held):
         host, target, _ = await server.endpoint(held, port)
     ws = web.WebSocketResponse(max_msg_size=MAX_MESSAGE)
