@@ -243,3 +243,29 @@ def test_serving_over_tcp(serve_process: ServeProcess) -> None:
     assert url.startswith("http://127.0.0.1:")
     env = {**serve_process.client_env(), "ROLLBOX_URL": url}
     assert rollbox(env, "run", "--", "echo", "tcp").stdout == "tcp\n"
+
+
+def test_rollbox_programs_run_through_the_server(serve_process: ServeProcess,
+                                                 tmp_path: Path) -> None:
+    """``ROLLBOX_BACKEND=remote`` is all the bench, the runner and Gymnasium need."""
+    serve_process.start()
+    env = serve_process.client_env()
+    report = tmp_path / "bench.json"
+    bench = rollbox(env, "bench", "--images", "3", "--rollouts", "2", "--concurrency", "2",
+                    "--think-ms", "0", "--padding-mb", "0.05", "--quiet",
+                    "--workdir", str(serve_process.home / "bench"), "--json", str(report))
+    assert bench.returncode == 0, bench.stderr
+    arms = json.loads(report.read_text())["arms"]
+    for arm in arms.values():
+        assert arm["rollouts"]["requested"] == arm["rollouts"]["succeeded"] == 6
+        assert arm["leftovers"] == [] and arm["leaked_sandboxes"] == 0
+    episode = python(env, """
+import gymnasium
+import rollbox_gymnasium
+env = gymnasium.make("rollbox/Shell-v0")
+obs, info = env.reset(seed=0)
+obs, reward, terminated, truncated, info = env.step("echo from gymnasium")
+print(obs.strip())
+env.close()
+""")
+    assert episode.strip().endswith("from gymnasium")
