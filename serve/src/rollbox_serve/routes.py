@@ -34,6 +34,7 @@ log = logging.getLogger("rollbox.serve")
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 SERVER = web.AppKey("server", object)
 MAX_JSON = 64 << 20
+CHUNK = 1 << 20
 
 
 def make_app(server: Server) -> web.Application:
@@ -199,11 +200,18 @@ class _Handlers:
             result = await held.sandbox.run(exec_request)
         return web.json_response(protocol.result_to_json(result))
 
-    async def read_file(self, request: web.Request) -> web.Response:
+    async def read_file(self, request: web.Request) -> web.StreamResponse:
         held = self._held(request)
         with self.server.working_on(held):
             data = await held.sandbox.read_file(_path(request))
-        return web.Response(body=data, content_type="application/octet-stream")
+        response = web.StreamResponse(headers={"Content-Type": "application/octet-stream"})
+        response.content_length = len(data)
+        await response.prepare(request)
+        view = memoryview(data)
+        for start in range(0, len(view), CHUNK):  # a chunk at a time: see http._send_bytes
+            await response.write(view[start:start + CHUNK])
+        await response.write_eof()
+        return response
 
     async def write_file(self, request: web.Request) -> web.Response:
         held = self._held(request)
@@ -218,12 +226,13 @@ class _Handlers:
         if size is not None and size > self.server.max_file_bytes:
             raise _too_large(self.server.max_file_bytes)
         with self.server.working_on(held):
-            body = bytearray()
-            async for chunk in request.content.iter_chunked(1 << 20):
-                body += chunk
-                if len(body) > self.server.max_file_bytes:
+            chunks, size = [], 0
+            while chunk := await request.content.readany():
+                chunks.append(chunk)
+                size += len(chunk)
+                if size > self.server.max_file_bytes:
                     raise _too_large(self.server.max_file_bytes)
-            await held.sandbox.write_file(path, bytes(body), mode=mode)
+            await held.sandbox.write_file(path, b"".join(chunks), mode=mode)
         return web.Response(status=204)
 
     async def reset(self, request: web.Request) -> web.Response:

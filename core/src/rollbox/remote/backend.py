@@ -302,7 +302,7 @@ class RemoteSandbox(Sandbox):
         return b"".join(chunks)
 
     async def write_file(self, path: str, data: bytes, *, mode: int = 0o644) -> None:
-        await self._call("PUT", f"/files?path={_q(path)}&mode={mode:o}", body=bytes(data),
+        await self._call("PUT", f"/files?path={_q(path)}&mode={mode:o}", body=data,
                          timeout=self.backend.timeout_s + len(data) / 10e6)
 
     async def upload(self, local: str | Path, remote: str) -> None:

@@ -23,6 +23,9 @@ from rollbox.remote import protocol
 from rollbox.remote.address import Address
 
 CHUNK = 1 << 20
+READ = 16 << 20
+"""Bytes asked of the stream reader at once: more than it ever buffers (2 MiB), so each
+read takes the whole buffer and Python 3.11 does not memmove what is left."""
 IDLE_KEEP_S = 20.0
 """Connections idle longer are not reused (the server drops idle ones after 75 s)."""
 MAX_IDLE = 64
@@ -127,7 +130,7 @@ class HttpClient:
         path: str,
         *,
         json_body: object = None,
-        body: bytes | None = None,
+        body: bytes | bytearray | memoryview | None = None,
         upload: Path | None = None,
         sink: Sink | None = None,
         timeout: float,
@@ -156,22 +159,24 @@ class HttpClient:
                 for _ in range(2):
                     conn = await self._checkout()
                     try:
-                        return await self._exchange(conn, data, body, upload, sink)
+                        return await self._exchange(conn, data, body, upload, size, sink)
                     except _Interrupted:
                         continue
                 raise self.unavailable("it closed the connection twice")
         except TimeoutError:
             raise self.unavailable(f"no answer to {method} {path} within {timeout:.0f}s") from None
 
-    async def _exchange(self, conn: Connection, head: bytes, body: bytes | None,
-                        upload: Path | None, sink: Sink | None) -> Response:
+    async def _exchange(self, conn: Connection, head: bytes,
+                        body: bytes | bytearray | memoryview | None,
+                        upload: Path | None, upload_size: int,
+                        sink: Sink | None) -> Response:
         started = False
         try:
             conn.writer.write(head)
             if body:
-                conn.writer.write(body)
+                await _send_bytes(conn.writer, body)
             if upload is not None:
-                await _send_file(conn.writer, upload)
+                await _send_file(conn.writer, upload, upload_size)
             await conn.writer.drain()
             line = await conn.reader.readline()
             if not line and conn.reused:
@@ -252,11 +257,24 @@ class HttpClient:
         return conn
 
 
-async def _send_file(writer: asyncio.StreamWriter, path: Path) -> None:
+async def _send_bytes(writer: asyncio.StreamWriter,
+                      data: bytes | bytearray | memoryview) -> None:
+    """Write ``data`` a chunk at a time, draining in between: one huge write would sit in
+    the transport's buffer, which Python 3.11 shifts by memmove after every send."""
+    view = memoryview(data)
+    for start in range(0, len(view), CHUNK):
+        writer.write(view[start:start + CHUNK])
+        await writer.drain()
+
+
+async def _send_file(writer: asyncio.StreamWriter, path: Path, size: int) -> None:
+    """The first ``size`` bytes of ``path``, by ``sendfile`` where the transport allows
+    (no copy through Python), else read and written a chunk at a time."""
+    await writer.drain()
     with await asyncio.to_thread(path.open, "rb") as f:
-        while chunk := await asyncio.to_thread(f.read, CHUNK):
-            writer.write(chunk)
-            await writer.drain()
+        sent = await asyncio.get_running_loop().sendfile(writer.transport, f, 0, size)
+    if sent != size:
+        raise ConnectionResetError(f"{path} changed size while it was sent")
 
 
 async def _read_head(reader: asyncio.StreamReader, line: bytes) -> tuple[int, dict[str, str]]:
@@ -286,7 +304,7 @@ async def _read_body(reader: asyncio.StreamReader,
                     pass
                 return
             while size:
-                chunk = await reader.read(min(size, CHUNK))
+                chunk = await reader.read(min(size, READ))
                 if not chunk:
                     raise asyncio.IncompleteReadError(chunk, size)
                 size -= len(chunk)
@@ -295,11 +313,11 @@ async def _read_body(reader: asyncio.StreamReader,
     elif "content-length" in headers:
         left = int(headers["content-length"])
         while left:
-            chunk = await reader.read(min(left, CHUNK))
+            chunk = await reader.read(min(left, READ))
             if not chunk:
                 raise asyncio.IncompleteReadError(chunk, left)
             left -= len(chunk)
             yield chunk
     elif headers.get("connection", "").lower() == "close":
-        while chunk := await reader.read(CHUNK):
+        while chunk := await reader.read(READ):
             yield chunk
