@@ -27,7 +27,7 @@ from rollbox.errors import (
     SandboxFileNotFoundError,
     SandboxLostError,
 )
-from rollbox.sandbox import resolve_path
+from rollbox.sandbox import Endpoint, check_port, resolve_path
 from rollbox.testing import FakeBackend, FakeSandbox, builtin_handler
 
 
@@ -304,3 +304,21 @@ def _kill_tagged(needle: bytes) -> None:
         with contextlib.suppress(OSError):
             if needle in (entry / "environ").read_bytes().split(b"\0"):
                 os.kill(int(entry.name), signal.SIGKILL)
+
+
+class HostPorts(HostShellBackend):
+    """Claims ports, and its sandboxes' listeners are on the host's loopback: reachable
+    without the endpoint, by anyone."""
+
+    name = "broken-host-ports"
+    capabilities: ClassVar[Capabilities] = dataclasses.replace(
+        HostShellBackend.capabilities, ports=True)
+
+    async def create(self, spec: SandboxSpec) -> HostShellSandbox:
+        sandbox = HostShellSandbox(self, spec)
+        sandbox.endpoint = _host_endpoint  # type: ignore[method-assign]
+        return sandbox
+
+
+async def _host_endpoint(port: int) -> Endpoint:
+    return Endpoint(f"http://127.0.0.1:{check_port(port)}")
