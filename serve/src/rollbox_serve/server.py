@@ -25,7 +25,6 @@ from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 from rollbox.backend import Backend
 from rollbox.errors import (
-    CapabilityNotSupportedError,
     RollboxError,
     SandboxError,
     UsageError,
@@ -215,10 +214,8 @@ class Server:
                 raise
 
     async def endpoint(self, held: Held, port: int) -> tuple[str, int, dict[str, str]]:
-        """(host, port, headers) where this server reaches ``port`` of ``held``."""
-        if not self.backend.capabilities.ports:
-            raise CapabilityNotSupportedError(
-                f"the server's backend {self.backend.name!r} does not expose ports")
+        """(host, port, headers) where this server reaches ``port`` of ``held``
+        (CapabilityNotSupportedError from a backend that cannot expose ports)."""
         found = held.endpoints.get(port)
         if found is None:
             found = held.endpoints[port] = await held.sandbox.endpoint(port)
