@@ -12,7 +12,7 @@ a plugin with heavy dependencies costs nothing until that backend is used: every
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import pluggy
 
@@ -104,6 +104,11 @@ def pool_policies(pm: pluggy.PluginManager) -> dict[str, type[object]]:
 def task_sources(pm: pluggy.PluginManager) -> dict[str, object]:
     """Every registered task source factory, by name."""
     return _collect(pm.hook.rollbox_register_tasks, "task source")
+
+
+def serve_faces(pm: pluggy.PluginManager) -> dict[str, Callable[[Any], None]]:
+    """Every registered face of ``rollbox serve``, by name."""
+    return _collect(pm.hook.rollbox_register_serve_faces, "serve face")
 
 
 def commands(pm: pluggy.PluginManager) -> list[Command]:

@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 from rollbox.errors import UsageError
-from rollbox.plugins import backend_class, get_plugin_manager
+from rollbox.plugins import backend_class, get_plugin_manager, serve_faces
 from rollbox.remote.address import Address
 from rollbox.remote.settings import serve_dir
 
@@ -49,6 +49,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="largest file a client may write (default %(default)s)")
     parser.add_argument("--tls-cert", type=Path, default=None, help="PEM certificate")
     parser.add_argument("--tls-key", type=Path, default=None, help="PEM private key")
+    parser.add_argument("--face", action="append", default=[], metavar="NAME",
+                        help="also serve this API (a face a plugin registers, e.g. "
+                             "openhands); repeatable")
     parser.add_argument("--log-level", default="INFO", help="default %(default)s")
 
 
@@ -72,18 +75,26 @@ async def serve(args: argparse.Namespace) -> int:
             "127.0.0.1", "localhost", "::1"):
         print(f"rollbox serve: warning: {listen} is not loopback and has no TLS: the token "
               "and everything else cross the network in clear text", file=sys.stderr)
+    pm = get_plugin_manager()
+    faces = serve_faces(pm)
+    unknown = sorted(set(args.face) - set(faces))
+    if unknown:
+        raise UsageError(f"no rollbox serve face named {', '.join(unknown)}; installed: "
+                         f"{', '.join(sorted(faces)) or 'none'}")
     claim = statedir.claim(
         state, socket=Path(listen.path) if listen.scheme == "unix" else None,
         token_file=args.token_file or state / "token",
         token=os.environ.get("ROLLBOX_TOKEN") or None)
     try:
-        backend = backend_class(get_plugin_manager(), backend_name)()
+        backend = backend_class(pm, backend_name)()
         server = Server(backend, token=claim.token, idle_ttl_s=args.idle_ttl,
                         max_idle=args.max_idle, pool_idle_s=args.pool_idle,
                         max_sandboxes=args.max_sandboxes,
                         create_rate=args.create_rate,
                         max_file_bytes=int(args.max_file_mb * 1024 * 1024))
         try:
+            for name in args.face:
+                faces[name](server)
             address = await server.start(listen, ssl_context=context)
             statedir.record_listen(claim, str(address))
             _announce(address, backend_name, claim)
