@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import subprocess
 import sys
@@ -70,3 +71,35 @@ class ServeProcess:
     def client_env(self, token: str | None = None) -> dict[str, str]:
         return {**self.env, "ROLLBOX_BACKEND": "remote", "ROLLBOX_URL": self.url,
                 "ROLLBOX_TOKEN": token or self.token}
+
+
+async def raw(server: Server, data: bytes, *, read_timeout: float = 10.0) -> bytes:
+    """Send ``data`` on a fresh connection and return what the server answers."""
+    assert server.address is not None
+    reader, writer = await asyncio.open_unix_connection(server.address.path)
+    try:
+        writer.write(data)
+        await writer.drain()
+        async with asyncio.timeout(read_timeout):
+            return await reader.read(1 << 16)
+    except (ConnectionError, TimeoutError):
+        return b""
+    finally:
+        writer.close()
+
+
+def request(method: str, path: str, token: str | None, body: bytes = b"",
+            headers: str = "") -> bytes:
+    auth = f"Authorization: Bearer {token}\r\n" if token is not None else ""
+    return (f"{method} {path} HTTP/1.1\r\nHost: x\r\n{auth}Content-Length: {len(body)}\r\n"
+            f"Connection: close\r\n{headers}\r\n").encode() + body
+
+
+def status(answer: bytes) -> int:
+    return int(answer.split(b" ", 2)[1]) if answer.startswith(b"HTTP/1.1 ") else 0
+
+
+def error_of(answer: bytes) -> dict[str, object]:
+    body = json.loads(answer.split(b"\r\n\r\n", 1)[1])
+    assert isinstance(body["error"], dict)
+    return body["error"]

@@ -24,7 +24,7 @@ from rollbox.errors import (
 )
 from rollbox.remote import RemoteBackend
 from rollbox_serve import Server
-from serve_support import connect
+from serve_support import connect, raw, request, status
 
 SPEC = SandboxSpec(image="host")
 
@@ -283,3 +283,45 @@ async def test_closing_every_sandbox_of_an_owner(server: Server, remote: RemoteB
     answer = await remote.call("DELETE", f"/sandboxes?owner={remote.owner}")
     assert answer == {"closed": 2}
     assert server.registry.held == {}
+
+
+async def test_another_face_mounts_beside_the_protocol(state_dir: Path, token: str) -> None:
+    from aiohttp import web
+    from rollbox.hookspecs import hookimpl
+    from rollbox.plugins import get_plugin_manager, serve_faces
+    from rollbox_local import LocalBackend
+
+    def attach(server: Server) -> None:
+        async def hello(request: web.Request) -> web.Response:
+            if not server.authorized(request.headers.get("X-API-Key")):
+                return web.Response(status=401)
+            return web.json_response({"sandboxes": len(server.registry.held)})
+
+        face = web.Application()
+        face.router.add_get("/hello", hello)
+        server.add_face("/demo", face)
+
+    class DemoPlugin:
+        @hookimpl
+        def rollbox_register_serve_faces(self, register: object) -> None:
+            register("demo", attach)  # type: ignore[operator]
+
+    pm = get_plugin_manager(load_entrypoints=False)
+    pm.register(DemoPlugin())
+    faces = serve_faces(pm)
+    assert list(faces) == ["demo"]
+    server = Server(LocalBackend(state_dir=state_dir), token=token)
+    faces["demo"](server)
+    await server.start(f"unix:{state_dir / 's.sock'}")
+    try:
+        ok = await raw(server, b"GET /demo/hello HTTP/1.1\r\nHost: x\r\nX-API-Key: " +
+                       token.encode() + b"\r\nConnection: close\r\n\r\n")
+        assert status(ok) == 200 and b'"sandboxes": 0' in ok
+        refused = await raw(server, b"GET /demo/hello HTTP/1.1\r\nHost: x\r\n"
+                                    b"Connection: close\r\n\r\n")
+        assert status(refused) == 401
+        guarded = await raw(server, request("GET", "/v1/health", None,
+                                            headers=f"X-API-Key: {token}\r\n"))
+        assert status(guarded) == 401
+    finally:
+        await server.aclose()

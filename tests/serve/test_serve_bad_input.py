@@ -4,7 +4,6 @@ create nothing, and the server answers the next real request."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import random
 import time
@@ -13,40 +12,9 @@ import pytest
 from rollbox import SandboxSpec
 from rollbox.remote import RemoteBackend, protocol
 from rollbox_serve import Server
+from serve_support import error_of, raw, request, status
 
 SPEC = SandboxSpec(image="host")
-
-
-async def raw(server: Server, data: bytes, *, read_timeout: float = 10.0) -> bytes:
-    """Send ``data`` on a fresh connection and return what the server answers."""
-    assert server.address is not None
-    reader, writer = await asyncio.open_unix_connection(server.address.path)
-    try:
-        writer.write(data)
-        await writer.drain()
-        async with asyncio.timeout(read_timeout):
-            return await reader.read(1 << 16)
-    except (ConnectionError, TimeoutError):
-        return b""
-    finally:
-        writer.close()
-
-
-def request(method: str, path: str, token: str | None, body: bytes = b"",
-            headers: str = "") -> bytes:
-    auth = f"Authorization: Bearer {token}\r\n" if token is not None else ""
-    return (f"{method} {path} HTTP/1.1\r\nHost: x\r\n{auth}Content-Length: {len(body)}\r\n"
-            f"Connection: close\r\n{headers}\r\n").encode() + body
-
-
-def status(answer: bytes) -> int:
-    return int(answer.split(b" ", 2)[1]) if answer.startswith(b"HTTP/1.1 ") else 0
-
-
-def error_of(answer: bytes) -> dict[str, object]:
-    body = json.loads(answer.split(b"\r\n\r\n", 1)[1])
-    assert isinstance(body["error"], dict)
-    return body["error"]
 
 
 async def assert_still_serving(server: Server, remote: RemoteBackend) -> None:
