@@ -185,6 +185,24 @@ class PortTests(BackendTestBase):
         with pytest.raises(RollboxError):
             await sandbox.endpoint(port)
 
+    async def test_reset_closes_the_endpoints(
+        self, backend: Backend, listening: tuple[Sandbox, int]
+    ) -> None:
+        """A reset sandbox exposes nothing: its endpoints close, ``endpoint`` opens anew."""
+        self.require(backend, "reset_in_place")
+        sandbox, port = listening
+        old = await sandbox.endpoint(port)
+        assert await talk(old, b"before\n") == b"echo:before\n"
+        await sandbox.reset()
+        async with self.within(self.timeout_slack_s, "a connection to a reset endpoint"):
+            try:
+                answer = await talk(old, b"after\n")
+            except OSError:
+                answer = b""
+        assert answer == b""
+        await self.start_echo(sandbox, port)
+        assert await talk(await sandbox.endpoint(port), b"anew\n") == b"echo:anew\n"
+
     async def test_invalid_ports_are_refused(self, backend: Backend, sandbox: Sandbox) -> None:
         self.require(backend, "ports")
         for port in (0, -1, 65536, "80"):

@@ -238,6 +238,7 @@ class _Handlers:
     async def reset(self, request: web.Request) -> web.Response:
         held = self._held(request)
         with self.server.working_on(held):
+            held.endpoints.clear()  # a reset sandbox exposes nothing: endpoint() anew
             await held.sandbox.reset()
         return web.Response(status=204)
 

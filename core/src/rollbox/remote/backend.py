@@ -329,6 +329,9 @@ class RemoteSandbox(Sandbox):
             await asyncio.to_thread(partial.unlink, missing_ok=True)
 
     async def reset(self) -> None:
+        """Reset on the server; the endpoints this handle opened close with it."""
+        relays, self.relays = list(self.relays.values()), {}
+        await asyncio.gather(*(r.aclose() for r in relays))
         await self._call("POST", "/reset", timeout=self.spec.timeouts.reset_s + SLACK_S)
 
     async def snapshot(self) -> Snapshot:

@@ -14,7 +14,7 @@ import contextlib
 from collections.abc import Awaitable, Callable
 from socket import socket
 
-from rollbox.errors import RollboxError
+from rollbox.errors import RollboxError, SandboxLostError
 from rollbox.relay import LoopbackListener, splice, streams
 from rollbox.sandbox import Endpoint, check_port
 
@@ -22,10 +22,11 @@ Opener = Callable[[int], Awaitable[socket]]
 
 
 class PortRelays:
-    """The exposed ports of one sandbox; ``aclose`` (at the sandbox's close) stops them
-    and every connection they carry."""
+    """The exposed ports of one sandbox. ``reset`` (at the sandbox's reset) and
+    ``aclose`` (at its close) stop them and every connection they carry."""
 
-    def __init__(self, open_port: Opener) -> None:
+    def __init__(self, sandbox_id: str, open_port: Opener) -> None:
+        self.sandbox_id = sandbox_id
         self._open_port = open_port
         self._listeners: dict[int, LoopbackListener] = {}
         self._starting: dict[int, asyncio.Future[LoopbackListener]] = {}
@@ -48,7 +49,8 @@ class PortRelays:
         await listener.start()
         if self.closed:
             await listener.aclose()
-            raise RuntimeError("closed")
+            raise SandboxLostError(f"sandbox {self.sandbox_id} is closed",
+                                   sandbox_id=self.sandbox_id)
         self._listeners[port] = listener
         return listener
 
@@ -70,10 +72,14 @@ class PortRelays:
         """The host ports of the listeners (for ``leftovers``)."""
         return [listener.port for listener in self._listeners.values()]
 
-    async def aclose(self) -> None:
-        self.closed = True
+    async def reset(self) -> None:
+        """Stop every relay (a reset sandbox exposes nothing); ``endpoint`` opens anew."""
         for future in self._starting.values():
             future.cancel()
         listeners, self._listeners = list(self._listeners.values()), {}
         with contextlib.suppress(Exception):
             await asyncio.gather(*(listener.aclose() for listener in listeners))
+
+    async def aclose(self) -> None:
+        self.closed = True
+        await self.reset()
