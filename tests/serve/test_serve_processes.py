@@ -269,3 +269,49 @@ print(obs.strip())
 env.close()
 """)
     assert episode.strip().endswith("from gymnasium")
+
+
+def test_a_hung_server_is_a_retryable_error_not_a_hang(serve_process: ServeProcess) -> None:
+    serve_process.start()
+    env = serve_process.client_env()
+    client = subprocess.Popen([sys.executable, "-c", PRELUDE + """
+import time
+from rollbox.errors import ServerUnavailableError
+from rollbox.remote import RemoteBackend
+async def main():
+    backend = RemoteBackend(timeout_s=3, slack_s=2)
+    sandbox = await backend.create(SPEC)
+    process = await sandbox.stream(["sleep", "30"], timeout=1)
+    print("ready", flush=True)
+    sys.stdin.readline()                     # the server is stopped now
+    outcomes = []
+    for what in ("exec", "stream", "read_file"):
+        started = time.monotonic()
+        try:
+            if what == "exec":
+                await sandbox.exec(["true"], timeout=1)
+            elif what == "stream":
+                async for _ in process:
+                    pass
+                await process.wait()
+            else:
+                await sandbox.read_file("/etc/hostname")
+        except ServerUnavailableError as exc:
+            outcomes.append([what, exc.retryable, time.monotonic() - started])
+    print(json.dumps(outcomes), flush=True)
+asyncio.run(main())
+"""], env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert client.stdin is not None and client.stdout is not None
+    assert client.stdout.readline().strip() == "ready"
+    assert serve_process.process is not None
+    serve_process.process.send_signal(signal.SIGSTOP)
+    try:
+        client.stdin.write("go\n")
+        client.stdin.flush()
+        outcomes = json.loads(client.stdout.readline())
+        client.wait(30)
+    finally:
+        serve_process.process.send_signal(signal.SIGCONT)
+    assert [o[0] for o in outcomes] == ["exec", "stream", "read_file"], outcomes
+    assert all(retryable and seconds < 10 for _, retryable, seconds in outcomes), outcomes
+    assert serve_process.stop() == 0

@@ -38,7 +38,7 @@ CHUNK = 1 << 20
 
 
 def make_app(server: Server) -> web.Application:
-    app = web.Application(middlewares=[_errors(server), _auth(server)],
+    app = web.Application(middlewares=[_front(server)],
                           client_max_size=MAX_JSON)
     app[SERVER] = server
     p = protocol.PREFIX
@@ -76,26 +76,19 @@ def _guarded(path: str) -> bool:
     return path.startswith(protocol.PREFIX + "/") or path == "/metrics"
 
 
-def _auth(server: Server) -> Any:
+def _front(server: Server) -> Any:
+    """The token check, then the handler; every error answered as a rollbox error, and
+    every answer counted by route and status (for /metrics)."""
+
     @web.middleware
-    async def auth(request: web.Request, handler: Handler) -> web.StreamResponse:
-        if _guarded(request.path):
-            scheme, _, token = request.headers.get("Authorization", "").partition(" ")
-            if scheme.lower() != "bearer" or not server.authorized(token.strip()):
-                raise AuthenticationError(
-                    "missing or wrong token: send 'Authorization: Bearer TOKEN' with the "
-                    "token `rollbox serve` printed (ROLLBOX_TOKEN for rollbox clients)")
-        return await handler(request)
-
-    return auth
-
-
-def _errors(server: Server) -> Any:
-    @web.middleware
-    async def errors(request: web.Request, handler: Handler) -> web.StreamResponse:
-        route = request.match_info.route.resource
-        name = route.canonical if route is not None else "unmatched"
+    async def front(request: web.Request, handler: Handler) -> web.StreamResponse:
         try:
+            if _guarded(request.path):
+                scheme, _, token = request.headers.get("Authorization", "").partition(" ")
+                if scheme.lower() != "bearer" or not server.authorized(token.strip()):
+                    raise AuthenticationError(
+                        "missing or wrong token: send 'Authorization: Bearer TOKEN' with the "
+                        "token `rollbox serve` printed (ROLLBOX_TOKEN for rollbox clients)")
             response = await handler(request)
         except RollboxError as exc:
             response = error_response(exc)
@@ -111,16 +104,18 @@ def _errors(server: Server) -> Any:
             log.exception("unexpected error answering %s %s", request.method, request.path)
             response = error_response(RollboxError(f"the server failed: {exc!r}"))
             response.set_status(500)
-        key = (f"{request.method} {name}", response.status)
+        route = request.match_info.route.resource
+        key = (f"{request.method} {route.canonical if route is not None else 'unmatched'}",
+               response.status)
         server.requests[key] = server.requests.get(key, 0) + 1
         return response
 
-    return errors
+    return front
 
 
 async def read_json(request: web.Request) -> dict[str, Any]:
     try:
-        data = await request.json(loads=json.loads)
+        data = json.loads(await request.read())
     except (ValueError, UnicodeDecodeError):
         raise UsageError("the request body is not valid JSON") from None
     if not isinstance(data, dict):

@@ -50,9 +50,6 @@ from rollbox.sandbox import (
 )
 from rollbox.spec import SandboxSpec
 
-SLACK_S = 30.0
-"""How long past an operation's own timeout the client waits for the server's answer."""
-
 
 class RemoteBackend(Backend):
     """Sandboxes of a ``rollbox serve`` server.
@@ -63,6 +60,9 @@ class RemoteBackend(Backend):
     server's default token file). ``owner``: the label the server lists this client's
     sandboxes under (default ``HOST:PID``). ``ca_file``: the certificate authority of
     an ``https`` server with a private certificate (default ``$ROLLBOX_CA``).
+    ``timeout_s``: how long operations without a timeout of their own (files, ping, ...)
+    wait for the server; ``slack_s``: how long past an operation's own timeout (a
+    command's, a create's) the server may take to answer before it counts as gone.
 
     The constructor asks the server what its backend can do (its capabilities become
     this backend's), so it fails at once, with ServerUnavailableError or
@@ -81,6 +81,7 @@ class RemoteBackend(Backend):
         owner: str | None = None,
         ca_file: str | Path | None = None,
         timeout_s: float = 60.0,
+        slack_s: float = 30.0,
         connect_timeout_s: float = 10.0,
     ) -> None:
         self.url = url or settings.default_url()
@@ -91,6 +92,7 @@ class RemoteBackend(Backend):
                                ssl_context=context, connect_timeout_s=connect_timeout_s)
         self.owner = owner or f"{socket.gethostname()}:{os.getpid()}"
         self.timeout_s = timeout_s
+        self.slack_s = slack_s
         self.client_id = secrets.token_hex(8)
         """Keys this client's warm targets and hints on the server."""
         self.server = self._hello()
@@ -140,7 +142,7 @@ class RemoteBackend(Backend):
 
     async def create(self, spec: SandboxSpec) -> RemoteSandbox:
         info = await self.call(
-            "POST", "/sandboxes", timeout=spec.timeouts.create_s + SLACK_S,
+            "POST", "/sandboxes", timeout=spec.timeouts.create_s + self.slack_s,
             json_body={"spec": protocol.spec_to_json(spec), "owner": self.owner,
                        "timeout_s": spec.timeouts.create_s},
         )
@@ -204,7 +206,7 @@ class RemoteBackend(Backend):
     async def fork(self, snapshot: Snapshot) -> RemoteSandbox:
         info = await self.call("POST", f"/snapshots/{_q(snapshot.id)}/fork",
                                json_body={"owner": self.owner},
-                               timeout=snapshot.spec.timeouts.create_s + SLACK_S)
+                               timeout=snapshot.spec.timeouts.create_s + self.slack_s)
         return self._adopt(info, snapshot.spec)
 
     async def drop_snapshot(self, snapshot: Snapshot) -> None:
@@ -284,7 +286,7 @@ class RemoteSandbox(Sandbox):
 
     async def run(self, request: ExecRequest) -> ExecResult:
         data = await self._call("POST", "/exec", json_body=protocol.request_to_json(request),
-                                timeout=request.timeout_s + SLACK_S)
+                                timeout=request.timeout_s + self.backend.slack_s)
         return protocol.result_from_json(data)
 
     async def start(self, request: ExecRequest) -> Process:
@@ -332,7 +334,8 @@ class RemoteSandbox(Sandbox):
         """Reset on the server; the endpoints this handle opened close with it."""
         relays, self.relays = list(self.relays.values()), {}
         await asyncio.gather(*(r.aclose() for r in relays))
-        await self._call("POST", "/reset", timeout=self.spec.timeouts.reset_s + SLACK_S)
+        await self._call("POST", "/reset",
+                         timeout=self.spec.timeouts.reset_s + self.backend.slack_s)
 
     async def snapshot(self) -> Snapshot:
         data = await self._call("POST", "/snapshot", timeout=600)
@@ -425,6 +428,18 @@ class RemoteProcess(Process):
         return process
 
     async def _read(self) -> None:
+        deadline = self._request.timeout_s + self._sandbox.backend.slack_s
+        try:
+            async with asyncio.timeout(deadline):
+                await self._receive()
+        except TimeoutError:
+            self._error = self._sandbox.backend.http.unavailable(
+                f"the command's end never came back (waited {deadline:.0f}s)")
+        finally:
+            self._chunks.put_nowait(None)
+            await self._ws.close()
+
+    async def _receive(self) -> None:
         try:
             while True:
                 kind, payload = await self._ws.receive()
@@ -449,9 +464,6 @@ class RemoteProcess(Process):
             self._error = exc
         except (ValueError, KeyError, TypeError) as exc:
             self._error = UsageError(f"malformed stream message from the server: {exc}")
-        finally:
-            self._chunks.put_nowait(None)
-            await self._ws.close()
 
     async def _iterate(self) -> AsyncIterator[OutputChunk]:
         while (chunk := await self._chunks.get()) is not None:
@@ -472,12 +484,7 @@ class RemoteProcess(Process):
         await self._ws.send_json({"type": "signal", "signum": int(signum)})
 
     async def wait(self) -> int:
-        try:
-            async with asyncio.timeout(self._request.timeout_s + SLACK_S):
-                await asyncio.shield(self._reader)
-        except TimeoutError:
-            raise self._sandbox.backend.http.unavailable(
-                "the command's end never came back") from None
+        await asyncio.shield(self._reader)  # ends by the command's timeout + slack at most
         if self._error is not None:
             raise self._error
         assert self._code is not None
