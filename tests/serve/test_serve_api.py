@@ -325,3 +325,38 @@ async def test_another_face_mounts_beside_the_protocol(state_dir: Path, token: s
         assert status(guarded) == 401
     finally:
         await server.aclose()
+
+
+async def test_a_sandbox_cannot_reach_the_server_or_its_token(state_dir: Path,
+                                                              token: str) -> None:
+    """Code in a sandbox is hostile: with the host's network it finds the server's port
+    but not the token, and the token file is out of its reach."""
+    from rollbox import Network
+    from rollbox_local import LocalBackend
+
+    token_file = state_dir / "serve" / "token"
+    token_file.parent.mkdir(mode=0o700)
+    token_file.write_text(token)
+    token_file.chmod(0o600)
+    tcp = Server(LocalBackend(state_dir=state_dir / "b"), token=token)
+    address = await tcp.start("127.0.0.1:0")
+    remote = await connect(tcp, token)
+    probe = (
+        "import socket, sys\n"
+        f"s = socket.create_connection(('127.0.0.1', {address.port}), timeout=5)\n"
+        "s.sendall(b'POST /v1/sandboxes HTTP/1.1\\r\\nHost: x\\r\\nContent-Length: 2\\r\\n"
+        "Connection: close\\r\\n\\r\\n{}')\n"
+        "print(s.recv(100).split()[1].decode())\n"
+    )
+    try:
+        spec = SPEC.replace(network=Network.HOST)
+        async with await remote.create(spec) as sandbox:
+            await sandbox.write_file("/tmp/probe.py", probe.encode())
+            answer = await sandbox.exec(["python3", "/tmp/probe.py"], timeout=30)
+            assert answer.text.strip() == "401", answer
+            stolen = await sandbox.exec(["cat", str(token_file)], timeout=30)
+            assert stolen.exit_code != 0 and token.encode() not in stolen.stdout
+        assert [h.owner for h in tcp.registry.held.values()] == []
+    finally:
+        await remote.aclose()
+        await tcp.aclose()

@@ -109,6 +109,8 @@ class Server:
                     ssl_context: ssl.SSLContext | None = None) -> Address:
         """Listen on ``listen`` (a unix socket path is created 0600; TCP port 0 picks a
         free port) and return the address clients use."""
+        if self._runner is not None:
+            raise UsageError("the server is already listening; one address per server")
         address = listen if isinstance(listen, Address) else Address.parse(listen)
         logging.getLogger("aiohttp.server").addFilter(_QUIET)
         runner = web.AppRunner(self.app, access_log=None, handle_signals=False,
