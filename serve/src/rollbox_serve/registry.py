@@ -31,6 +31,8 @@ class Held:
     spec: SandboxSpec
     sandbox: Sandbox
     lease: Lease | None
+    client: str = ""
+    """The client (one remote backend) that made it: its ``leftovers`` ask by this."""
     created_at: float = field(default_factory=time.time)
     last_used: float = 0.0
     busy: int = 0
@@ -40,7 +42,8 @@ class Held:
         from rollbox.remote.protocol import spec_to_json
 
         return {
-            "id": self.id, "owner": self.owner, "spec": spec_to_json(self.spec),
+            "id": self.id, "owner": self.owner, "client": self.client,
+            "spec": spec_to_json(self.spec),
             "base_env": dict(self.sandbox.base_env), "image": self.spec.image,
             "created_at": self.created_at, "idle_s": 0.0 if self.busy else now - self.last_used,
             "busy": self.busy, "origin": "pool" if self.lease is not None else "fork",
@@ -56,8 +59,9 @@ class Registry:
     def now() -> float:
         return asyncio.get_running_loop().time()
 
-    def add(self, owner: str, spec: SandboxSpec, sandbox: Sandbox, lease: Lease | None) -> Held:
-        held = Held(f"rbx-{secrets.token_hex(16)}", owner, spec, sandbox, lease,
+    def add(self, owner: str, spec: SandboxSpec, sandbox: Sandbox, lease: Lease | None, *,
+            client: str = "") -> Held:
+        held = Held(f"rbx-{secrets.token_hex(16)}", owner, spec, sandbox, lease, client,
                     last_used=self.now())
         self.held[held.id] = held
         return held

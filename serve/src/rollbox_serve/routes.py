@@ -157,17 +157,18 @@ class _Handlers:
         timeout = data.get("timeout_s")
         if timeout is not None and (not isinstance(timeout, int | float) or timeout <= 0):
             raise UsageError("'timeout_s' must be a positive number")
-        held = await self.server.create(spec, owner, timeout_s=timeout)
+        held = await self.server.create(spec, owner, client=_client(data), timeout_s=timeout)
         if request.transport is None or request.transport.is_closing():
             await self.server.release(held)  # the client gave up: nobody holds it
             raise UsageError("the client went away before its sandbox was ready")
         return web.json_response(held.info(self.server.registry.now()), status=201)
 
     async def list(self, request: web.Request) -> web.Response:
-        owner = request.query.get("owner")
+        owner, client = request.query.get("owner"), request.query.get("client")
         now = self.server.registry.now()
         return web.json_response([h.info(now) for h in self.server.registry.held.values()
-                                  if owner is None or h.owner == owner])
+                                  if (owner is None or h.owner == owner)
+                                  and (client is None or h.client == client)])
 
     async def close_owner(self, request: web.Request) -> web.Response:
         owner = request.query.get("owner")
@@ -264,7 +265,8 @@ class _Handlers:
 
     async def fork(self, request: web.Request) -> web.Response:
         data = await read_json(request)
-        held = await self.server.fork(request.match_info["id"], _str(data, "owner", "anonymous"))
+        held = await self.server.fork(request.match_info["id"], _str(data, "owner", "anonymous"),
+                                      client=_client(data))
         return web.json_response(held.info(self.server.registry.now()), status=201)
 
     async def drop_snapshot(self, request: web.Request) -> web.Response:
@@ -299,6 +301,13 @@ class _Handlers:
         image = _str(await read_json(request), "image")
         await self.server.backend.prefetch(image)
         return web.Response(status=204)
+
+
+def _client(data: dict[str, Any]) -> str:
+    client = data.get("client", "")
+    if not isinstance(client, str) or len(client) > 64:
+        raise UsageError("'client' must be a string of at most 64 characters")
+    return client
 
 
 def _path(request: web.Request) -> str:

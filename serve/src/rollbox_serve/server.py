@@ -177,18 +177,18 @@ class Server:
 
     # -- what the faces call -------------------------------------------------------------
 
-    async def create(self, spec: SandboxSpec, owner: str, *,
+    async def create(self, spec: SandboxSpec, owner: str, *, client: str = "",
                      timeout_s: float | None = None) -> Held:
         """A sandbox for ``owner`` from the shared pool (warm if one is ready)."""
         self._check_open()
         lease = await self.pool.acquire(spec, timeout=timeout_s)
-        return self.registry.add(owner, spec, lease.sandbox, lease)
+        return self.registry.add(owner, spec, lease.sandbox, lease, client=client)
 
-    async def fork(self, snapshot_handle: str, owner: str) -> Held:
+    async def fork(self, snapshot_handle: str, owner: str, *, client: str = "") -> Held:
         self._check_open()
         snapshot = self.registry.snapshot(snapshot_handle)
         sandbox = await self.backend.fork(snapshot)
-        return self.registry.add(owner, snapshot.spec, sandbox, None)
+        return self.registry.add(owner, snapshot.spec, sandbox, None, client=client)
 
     async def release(self, held: Held, *, broken: bool = False) -> None:
         """Take ``held`` back: into the pool, reset, if it is sound; else closed."""

@@ -87,21 +87,23 @@ class RemoteBackend(Backend):
         self.url = url or settings.default_url()
         self.address = Address.parse(self.url)
         ca = ca_file or os.environ.get("ROLLBOX_CA")
-        context = ssl.create_default_context(cafile=str(ca)) if ca else None
+        try:
+            context = ssl.create_default_context(cafile=str(ca)) if ca else None
+        except (OSError, ssl.SSLError) as exc:
+            raise UsageError(f"cannot load the certificate authority {ca}: {exc}") from None
         self.http = HttpClient(self.address, settings.resolve_token(token, token_file),
                                ssl_context=context, connect_timeout_s=connect_timeout_s)
         self.owner = owner or f"{socket.gethostname()}:{os.getpid()}"
         self.timeout_s = timeout_s
         self.slack_s = slack_s
         self.client_id = secrets.token_hex(8)
-        """Keys this client's warm targets and hints on the server."""
+        """This client on the server: its warm targets and hints, what it made."""
         self.server = self._hello()
         """The server's ``/v1/health`` answer: version, backend, capabilities."""
         caps = self.server.get("capabilities", {})
         known = {k: bool(v) for k, v in caps.items() if k in Capabilities.__dataclass_fields__}
         setattr(self, "capabilities", Capabilities(**known))  # noqa: B010  (per server)
         self._sandboxes: dict[str, RemoteSandbox] = {}
-        self._created: set[str] = set()
         self._wishes: dict[SandboxSpec, int] = {}
         self._hints: list[str] = []
         self._sync: asyncio.Task[None] | None = None
@@ -144,7 +146,7 @@ class RemoteBackend(Backend):
         info = await self.call(
             "POST", "/sandboxes", timeout=spec.timeouts.create_s + self.slack_s,
             json_body={"spec": protocol.spec_to_json(spec), "owner": self.owner,
-                       "timeout_s": spec.timeouts.create_s},
+                       "client": self.client_id, "timeout_s": spec.timeouts.create_s},
         )
         return self._adopt(info, spec)
 
@@ -159,7 +161,6 @@ class RemoteBackend(Backend):
     def _adopt(self, info: dict[str, Any], spec: SandboxSpec) -> RemoteSandbox:
         sandbox = RemoteSandbox(self, info, spec)
         self._sandboxes[sandbox.id] = sandbox
-        self._created.add(sandbox.id)
         return sandbox
 
     async def prefetch(self, image: str) -> None:
@@ -205,7 +206,7 @@ class RemoteBackend(Backend):
 
     async def fork(self, snapshot: Snapshot) -> RemoteSandbox:
         info = await self.call("POST", f"/snapshots/{_q(snapshot.id)}/fork",
-                               json_body={"owner": self.owner},
+                               json_body={"owner": self.owner, "client": self.client_id},
                                timeout=snapshot.spec.timeouts.create_s + self.slack_s)
         return self._adopt(info, snapshot.spec)
 
@@ -217,9 +218,8 @@ class RemoteBackend(Backend):
         """Sandboxes this backend created that the server still holds, and port relays
         still open here."""
         await self.flush()
-        held = await self.call("GET", f"/sandboxes?owner={_q(self.owner)}")
-        found = [f"sandbox {s['id']} is open on {self.address}" for s in held
-                 if s["id"] in self._created]
+        held = await self.call("GET", f"/sandboxes?client={self.client_id}")
+        found = [f"sandbox {s['id']} is open on {self.address}" for s in held]
         for sandbox in self._sandboxes.values():
             found += [f"port relay 127.0.0.1:{r.port} for {sandbox.id}"
                       for r in sandbox.relays.values()]

@@ -6,8 +6,8 @@ and port tunnels; every request carries ``Authorization: Bearer TOKEN``. The rou
 
     GET    /v1/health                          server, backend, capabilities
     GET    /metrics                            Prometheus text
-    POST   /v1/sandboxes                       {spec, owner} → sandbox info (from the pool)
-    GET    /v1/sandboxes[?owner=O]             [sandbox info]
+    POST   /v1/sandboxes                       {spec, owner, client} → sandbox info (pool)
+    GET    /v1/sandboxes[?owner=O&client=C]    [sandbox info]
     DELETE /v1/sandboxes?owner=O               close every sandbox of O
     GET    /v1/sandboxes/{id}                  sandbox info (what ``attach`` reads)
     DELETE /v1/sandboxes/{id}[?outcome=broken] close: back to the pool (reset) or gone
@@ -18,7 +18,7 @@ and port tunnels; every request carries ``Authorization: Bearer TOKEN``. The rou
     POST   /v1/sandboxes/{id}/reset | ping | snapshot
     POST   /v1/sandboxes/{id}/ports/{port}     {headers} (the port can be reached)
     GET    /v1/sandboxes/{id}/ports/{port}     WebSocket: one TCP connection to the port
-    POST   /v1/snapshots/{id}/fork             {owner} → sandbox info
+    POST   /v1/snapshots/{id}/fork             {owner, client} → sandbox info
     DELETE /v1/snapshots/{id}
     POST   /v1/warm {owner, spec, count} | /v1/hints {owner, images} | /v1/prefetch {image}
 
