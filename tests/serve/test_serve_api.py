@@ -360,3 +360,25 @@ async def test_a_sandbox_cannot_reach_the_server_or_its_token(state_dir: Path,
     finally:
         await remote.aclose()
         await tcp.aclose()
+
+
+async def test_warm_targets_last_while_the_client_is_heard_from(state_dir: Path,
+                                                                token: str) -> None:
+    from rollbox_local import LocalBackend
+
+    server = Server(LocalBackend(state_dir=state_dir), token=token, idle_ttl_s=1.0)
+    await server.start(f"unix:{state_dir / 's.sock'}")
+    remote = await connect(server, token)
+    try:
+        sandbox = await remote.create(SPEC)
+        assert remote.keep_warm(SPEC, 1)
+        await remote.flush()
+        for _ in range(12):  # 2.4 s of requests, more than the TTL, no new targets
+            await sandbox.exec(["true"])
+            await asyncio.sleep(0.2)
+        assert server.policy.warm_target(SPEC) == 1, "forgot a client it kept hearing from"
+        await asyncio.sleep(2.0)
+        assert server.policy.warm_target(SPEC) == 0, "kept a silent client's targets"
+    finally:
+        await remote.aclose()
+        await server.aclose()

@@ -89,6 +89,7 @@ def _front(server: Server) -> Any:
                     raise AuthenticationError(
                         "missing or wrong token: send 'Authorization: Bearer TOKEN' with the "
                         "token `rollbox serve` printed (ROLLBOX_TOKEN for rollbox clients)")
+                server.heard_from(request.headers.get("X-Rollbox-Client"))
             response = await handler(request)
         except RollboxError as exc:
             response = error_response(exc)

@@ -229,6 +229,12 @@ class Server:
         self.policy.update(client, state)
         self._retarget()
 
+    def heard_from(self, client: str | None) -> None:
+        """A request from ``client``: its warm targets stay while it is heard from."""
+        state = self.policy.clients.get(client) if client else None
+        if state is not None:
+            state.seen = asyncio.get_running_loop().time()
+
     def forget_client(self, client: str) -> None:
         if self.policy.forget(client) is not None:
             self._retarget()

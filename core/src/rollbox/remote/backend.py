@@ -91,13 +91,14 @@ class RemoteBackend(Backend):
             context = ssl.create_default_context(cafile=str(ca)) if ca else None
         except (OSError, ssl.SSLError) as exc:
             raise UsageError(f"cannot load the certificate authority {ca}: {exc}") from None
+        self.client_id = secrets.token_hex(8)
+        """This client on the server: its warm targets and hints, what it made."""
         self.http = HttpClient(self.address, settings.resolve_token(token, token_file),
-                               ssl_context=context, connect_timeout_s=connect_timeout_s)
+                               ssl_context=context, connect_timeout_s=connect_timeout_s,
+                               client_id=self.client_id)
         self.owner = owner or f"{socket.gethostname()}:{os.getpid()}"
         self.timeout_s = timeout_s
         self.slack_s = slack_s
-        self.client_id = secrets.token_hex(8)
-        """This client on the server: its warm targets and hints, what it made."""
         self.server = self._hello()
         """The server's ``/v1/health`` answer: version, backend, capabilities."""
         caps = self.server.get("capabilities", {})

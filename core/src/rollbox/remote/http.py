@@ -71,9 +71,12 @@ class HttpClient:
 
     def __init__(self, address: Address, token: str, *,
                  ssl_context: ssl.SSLContext | None = None,
-                 connect_timeout_s: float = 10.0) -> None:
+                 connect_timeout_s: float = 10.0, client_id: str = "") -> None:
         self.address = address
         self.token = token
+        self.client_id = client_id
+        """Sent as ``X-Rollbox-Client``: the server keeps this client's warm targets
+        while it hears from it."""
         self.ssl_context = ssl_context
         self.connect_timeout_s = connect_timeout_s
         self._idle: list[Connection] = []
@@ -151,6 +154,8 @@ class HttpClient:
             content_type = "application/octet-stream"
         head = (f"{method} {path} HTTP/1.1\r\nHost: {self.address.host_header}\r\n"
                 f"Authorization: Bearer {self.token}\r\nContent-Length: {size}\r\n")
+        if self.client_id:
+            head += f"X-Rollbox-Client: {self.client_id}\r\n"
         if size:
             head += f"Content-Type: {content_type}\r\n"
         data = (head + "\r\n").encode("latin-1")
