@@ -107,6 +107,10 @@ class LoopbackListener:
             await self._handler(reader, writer)
         except (ConnectionError, OSError):
             pass
+        except asyncio.CancelledError:
+            # ``aclose`` cancelled it: end as done, since asyncio (3.11) logs a connection
+            # handler that ends cancelled as an error in a callback.
+            pass
         finally:
             writer.close()
             self._tasks.discard(task)
