@@ -330,10 +330,8 @@ async def bench_ports(serve: ServeChild, n: int) -> dict[str, Any]:
 
 
 def _synthetic() -> Any:
-    try:
-        from rollbox_bench.synthetic import SyntheticSource  # type: ignore[import-not-found]
-    except ImportError:
-        from rollbox.synthetic import SyntheticSource
+    from rollbox_bench.synthetic import SyntheticSource
+
     return SyntheticSource
 
 
