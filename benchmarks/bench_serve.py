@@ -30,6 +30,7 @@ import os
 import platform
 import shutil
 import signal
+import socket
 import statistics
 import subprocess
 import sys
@@ -239,12 +240,9 @@ HTTP_SERVER = """
 import http.server, sys
 class Handler(http.server.BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
-    def do_GET(self):
-        body = b"pong"
-        self.send_response(200)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
+    disable_nagle_algorithm = True
+    def do_GET(self):  # one write: no Nagle / delayed-ACK stall between head and body
+        self.wfile.write(b"HTTP/1.1 200 OK\\r\\nContent-Length: 4\\r\\n\\r\\npong")
     def log_message(self, *args):
         pass
 http.server.ThreadingHTTPServer(("127.0.0.1", int(sys.argv[1])), Handler).serve_forever()
@@ -254,6 +252,8 @@ http.server.ThreadingHTTPServer(("127.0.0.1", int(sys.argv[1])), Handler).serve_
 def http_gets(host: str, port: int, n: int) -> list[float]:
     """``n`` GETs over one keep-alive connection (as an HTTP client library does)."""
     connection = http.client.HTTPConnection(host, port, timeout=30)
+    connection.connect()
+    connection.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     times = []
     for _ in range(n):
         started = time.perf_counter()
