@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 from rollbox.errors import SandboxNotFoundError
 from rollbox.pool import Lease
+from rollbox.remote.protocol import spec_to_json
 from rollbox.sandbox import Endpoint, Sandbox, Snapshot
 from rollbox.spec import SandboxSpec
 
@@ -37,13 +38,14 @@ class Held:
     last_used: float = 0.0
     busy: int = 0
     endpoints: dict[int, Endpoint] = field(default_factory=dict)
+    _spec_json: dict[str, object] | None = None
 
     def info(self, now: float) -> dict[str, object]:
-        from rollbox.remote.protocol import spec_to_json
-
+        if self._spec_json is None:
+            self._spec_json = spec_to_json(self.spec)
         return {
             "id": self.id, "owner": self.owner, "client": self.client,
-            "spec": spec_to_json(self.spec),
+            "spec": self._spec_json,
             "base_env": dict(self.sandbox.base_env), "image": self.spec.image,
             "created_at": self.created_at, "idle_s": 0.0 if self.busy else now - self.last_used,
             "busy": self.busy, "origin": "pool" if self.lease is not None else "fork",

@@ -32,8 +32,11 @@ from __future__ import annotations
 import base64
 import dataclasses
 import enum
+import functools
+import json
 import types
 import typing
+from collections import OrderedDict
 from collections.abc import Mapping
 from typing import Any
 
@@ -63,10 +66,32 @@ def spec_to_json(spec: SandboxSpec) -> Json:
 
 def spec_from_json(data: object) -> SandboxSpec:
     """The ``SandboxSpec`` that ``spec_to_json`` encoded; InvalidSpecError if malformed
-    (unknown fields included, so a newer client never loses a field silently)."""
+    (unknown fields included, so a newer client never loses a field silently).
+
+    Specs are frozen, and clients send the same few again and again: decoded ones are
+    remembered by their canonical JSON."""
+    try:
+        key = json.dumps(data, sort_keys=True, separators=(",", ":"))
+    except (TypeError, ValueError):
+        key = None
+    if key is not None and key in _DECODED:
+        _DECODED.move_to_end(key)
+        return _DECODED[key]
     spec = _from_json(SandboxSpec, data, "spec")
     assert isinstance(spec, SandboxSpec)
+    if key is not None:
+        _DECODED[key] = spec
+        if len(_DECODED) > 4096:
+            _DECODED.popitem(last=False)
     return spec
+
+
+_DECODED: OrderedDict[str, SandboxSpec] = OrderedDict()
+
+
+@functools.cache
+def _hints(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
 
 
 def _to_json(value: object) -> object:
@@ -93,7 +118,7 @@ def _from_json(hint: Any, data: object, where: str) -> object:
     if isinstance(hint, type) and dataclasses.is_dataclass(hint):
         if not isinstance(data, dict):
             raise InvalidSpecError(f"{where} must be an object, got {type(data).__name__}")
-        hints = typing.get_type_hints(hint)
+        hints = _hints(hint)
         fields = {f.name for f in dataclasses.fields(hint) if f.init}
         unknown = sorted(set(data) - fields)
         if unknown:
