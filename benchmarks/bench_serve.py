@@ -160,7 +160,7 @@ import asyncio, json, sys, time
 from rollbox import SandboxSpec
 from rollbox.remote import RemoteBackend
 
-async def main(n):
+async def main(n, hold):
     backend = RemoteBackend()
     spec = SandboxSpec(image="host")
     times = []
@@ -170,23 +170,26 @@ async def main(n):
         result = await sandbox.exec(["true"])
         times.append(time.perf_counter() - started)
         assert result.ok
+        await asyncio.sleep(hold)   # the rollout goes on (the model's turn)
         await sandbox.close()
-        await asyncio.sleep(0.02)
     await backend.aclose()
     print(json.dumps(times))
 
-asyncio.run(main(int(sys.argv[1])))
+asyncio.run(main(int(sys.argv[1]), float(sys.argv[2])))
 """
 
 
-async def bench_ttfc(serve: ServeChild, n: int) -> dict[str, Any]:
+async def bench_ttfc(serve: ServeChild, n: int, hold_s: float = 0.1) -> dict[str, Any]:
+    """Acquire -> first ``true`` result, then the lease is held ``hold_s`` (a stand-in
+    for the rest of a rollout, as benchmarks/bench_local.py does) and given back, reset
+    in place, for the next acquire."""
     warmer = await asyncio.to_thread(serve.backend)
     first = await warmer.create(SPEC)  # this process fills the pool: one sandbox, made
     await first.exec(["true"])
     await first.close()  # ... and given back, reset: warm for anyone
     await warmer.aclose()
     done = await asyncio.to_thread(
-        subprocess.run, [sys.executable, "-c", SECOND_PROCESS, str(n)],
+        subprocess.run, [sys.executable, "-c", SECOND_PROCESS, str(n), str(hold_s)],
         env=serve.client_env(), capture_output=True, text=True, timeout=600)
     if done.returncode != 0:
         raise RuntimeError(done.stderr)
@@ -199,7 +202,7 @@ async def bench_ttfc(serve: ServeChild, n: int) -> dict[str, Any]:
             async with pool.lease(SPEC) as sandbox:
                 await sandbox.exec(["true"])
                 in_process.append(time.perf_counter() - started)
-            await asyncio.sleep(0.02)
+                await asyncio.sleep(hold_s)
     return {"served_second_process": ms(served), "in_process_pool": ms(in_process)}
 
 
@@ -474,7 +477,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         if "exec" in only:
             result["exec"] = await bench_exec(serve, args.n)
         if "ttfc" in only:
-            result["ttfc"] = await bench_ttfc(serve, args.n)
+            result["ttfc"] = await bench_ttfc(serve, max(args.n // 3, 20))
         if "files" in only:
             result["files"] = await bench_files(serve, 100, 3)
         if "ports" in only:
