@@ -23,6 +23,7 @@ from rollbox.remote import protocol
 from rollbox.sandbox import check_port
 
 from rollbox_serve.demand import ClientState
+from rollbox_serve.files import RequestTooLargeError, receive_file, send_file
 from rollbox_serve.metrics import render_metrics
 from rollbox_serve.streams import stream_handler, tunnel_handler
 
@@ -34,7 +35,6 @@ log = logging.getLogger("rollbox.serve")
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 SERVER = web.AppKey("server", object)
 MAX_JSON = 64 << 20
-CHUNK = 1 << 20
 
 
 def make_app(server: Server) -> web.Application:
@@ -200,15 +200,8 @@ class _Handlers:
     async def read_file(self, request: web.Request) -> web.StreamResponse:
         held = self._held(request)
         with self.server.working_on(held):
-            data = await held.sandbox.read_file(_path(request))
-        response = web.StreamResponse(headers={"Content-Type": "application/octet-stream"})
-        response.content_length = len(data)
-        await response.prepare(request)
-        view = memoryview(data)
-        for start in range(0, len(view), CHUNK):  # a chunk at a time: see http._send_bytes
-            await response.write(view[start:start + CHUNK])
-        await response.write_eof()
-        return response
+            return await send_file(request, held.sandbox, _path(request),
+                                   via_file=request.query.get("via") == "file")
 
     async def write_file(self, request: web.Request) -> web.Response:
         held = self._held(request)
@@ -219,17 +212,8 @@ class _Handlers:
             raise UsageError("mode must be octal digits, e.g. 644") from None
         if not 0 <= mode <= 0o7777:
             raise UsageError("mode must be at most 7777")
-        size = request.content_length
-        if size is not None and size > self.server.max_file_bytes:
-            raise _too_large(self.server.max_file_bytes)
         with self.server.working_on(held):
-            chunks, size = [], 0
-            while chunk := await request.content.readany():
-                chunks.append(chunk)
-                size += len(chunk)
-                if size > self.server.max_file_bytes:
-                    raise _too_large(self.server.max_file_bytes)
-            await held.sandbox.write_file(path, b"".join(chunks), mode=mode)
+            await receive_file(request, held.sandbox, path, mode, self.server.max_file_bytes)
         return web.Response(status=204)
 
     async def reset(self, request: web.Request) -> web.Response:
@@ -323,14 +307,3 @@ def _port(request: web.Request) -> int:
         return check_port(int(request.match_info["port"]))
     except ValueError:
         raise UsageError("a port is a number in 1-65535") from None
-
-
-class RequestTooLargeError(UsageError):
-    """A request body over the server's limit (HTTP 413)."""
-
-    kind = "request_too_large"
-
-
-def _too_large(limit: int) -> RequestTooLargeError:
-    return RequestTooLargeError(f"the file is larger than this server accepts ({limit} "
-                                "bytes; rollbox serve --max-file-mb)")

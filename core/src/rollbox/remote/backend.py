@@ -324,7 +324,8 @@ class RemoteSandbox(Sandbox):
             async def save(chunk: bytes) -> None:
                 await asyncio.to_thread(out.write, chunk)
 
-            await self._call("GET", f"/files?path={_q(remote)}", sink=save, timeout=3600)
+            await self._call("GET", f"/files?path={_q(remote)}&via=file", sink=save,
+                             timeout=3600)
             await asyncio.to_thread(out.close)
             await asyncio.to_thread(partial.replace, target)
         finally:

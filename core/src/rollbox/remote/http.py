@@ -183,11 +183,14 @@ class HttpClient:
             if upload is not None:
                 await _send_file(conn.writer, upload, upload_size)
             await conn.writer.drain()
-            line = await conn.reader.readline()
-            if not line and conn.reused:
-                raise _Interrupted
+            try:
+                head = await conn.reader.readuntil(b"\r\n\r\n")
+            except asyncio.IncompleteReadError as exc:
+                if not exc.partial and conn.reused:
+                    raise _Interrupted from None
+                raise
             started = True
-            status, headers = await _read_head(conn.reader, line)
+            status, headers = _parse_head(head)
             ok = 200 <= status < 300
             chunks = _read_body(conn.reader, headers)
             if ok and sink is not None:
@@ -201,7 +204,7 @@ class HttpClient:
             if conn.reused and not started:
                 raise _Interrupted from None
             raise self.unavailable(f"the connection broke ({exc!r})") from None
-        except (OSError, ValueError) as exc:
+        except (OSError, ValueError, asyncio.LimitOverrunError) as exc:
             conn.close()
             raise self.unavailable(f"the connection failed ({exc!r})") from None
         except BaseException:  # cancelled mid-exchange: the connection is in an unknown state
@@ -244,13 +247,14 @@ class HttpClient:
                 try:
                     conn.writer.write(head)
                     await conn.writer.drain()
-                    status, headers = await _read_head(conn.reader, await conn.reader.readline())
+                    status, headers = _parse_head(
+                        await conn.reader.readuntil(b"\r\n\r\n"))
                     if status != 101:
                         body = b"".join([c async for c in _read_body(conn.reader, headers)])
                         conn.close()
                         raise self.error_of(Response(status, headers, body))
                 except (ConnectionError, asyncio.IncompleteReadError, OSError,
-                        ValueError) as exc:
+                        ValueError, asyncio.LimitOverrunError) as exc:
                     conn.close()
                     raise self.unavailable(f"the connection broke ({exc!r})") from None
                 except BaseException:
@@ -282,21 +286,20 @@ async def _send_file(writer: asyncio.StreamWriter, path: Path, size: int) -> Non
         raise ConnectionResetError(f"{path} changed size while it was sent")
 
 
-async def _read_head(reader: asyncio.StreamReader, line: bytes) -> tuple[int, dict[str, str]]:
-    parts = line.split(None, 2)
-    if len(parts) < 2 or not parts[0].startswith(b"HTTP/1.") or not parts[1].isdigit():
-        raise ValueError(f"not an HTTP response: {line[:80]!r}")
+def _parse_head(head: bytes) -> tuple[int, dict[str, str]]:
+    """Status and headers (lower-case names) of a response head read whole."""
+    if len(head) > MAX_HEAD:
+        raise ValueError("oversized response head")
+    lines = head.decode("latin-1").split("\r\n")
+    parts = lines[0].split(None, 2)
+    if len(parts) < 2 or not parts[0].startswith("HTTP/1.") or not parts[1].isdigit():
+        raise ValueError(f"not an HTTP response: {lines[0][:80]!r}")
     headers: dict[str, str] = {}
-    size = len(line)
-    while True:
-        line = await reader.readline()
-        size += len(line)
-        if not line or size > MAX_HEAD:
-            raise ValueError("truncated or oversized response head")
-        if line in (b"\r\n", b"\n"):
-            return int(parts[1]), headers
-        name, _, value = line.decode("latin-1").partition(":")
-        headers[name.strip().lower()] = value.strip()
+    for line in lines[1:]:
+        name, sep, value = line.partition(":")
+        if sep:
+            headers[name.strip().lower()] = value.strip()
+    return int(parts[1]), headers
 
 
 async def _read_body(reader: asyncio.StreamReader,
