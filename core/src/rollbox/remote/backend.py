@@ -19,7 +19,7 @@ import ssl
 from collections.abc import AsyncIterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 from urllib.parse import quote
 
 from rollbox.backend import Backend, Diagnostic
@@ -70,7 +70,7 @@ class RemoteBackend(Backend):
     """
 
     name = "remote"
-    capabilities: ClassVar[Capabilities] = Capabilities()
+    capabilities: Capabilities = Capabilities()
 
     def __init__(
         self,
@@ -103,7 +103,7 @@ class RemoteBackend(Backend):
         """The server's ``/v1/health`` answer: version, backend, capabilities."""
         caps = self.server.get("capabilities", {})
         known = {k: bool(v) for k, v in caps.items() if k in Capabilities.__dataclass_fields__}
-        setattr(self, "capabilities", Capabilities(**known))  # noqa: B010  (per server)
+        self.capabilities = Capabilities(**known)  # the server's backend's
         self._sandboxes: dict[str, RemoteSandbox] = {}
         self._wishes: dict[SandboxSpec, int] = {}
         self._hints: list[str] = []
