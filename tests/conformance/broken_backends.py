@@ -20,6 +20,7 @@ from typing import ClassVar
 from broken_host_shells import (
     ClaimsEveryLimit,
     HostPathsBackend,
+    HostPorts,
     HostShellBackend,
     LeaksAnFd,
     TimeoutKillsEverything,
@@ -30,7 +31,7 @@ from rollbox.sandbox import resolve_path
 from rollbox.testing import FakeBackend, FakeSandbox, builtin_handler
 
 __all__ = [  # the host-shell ones are run from here too
-    "ClaimsEveryLimit", "HostPathsBackend", "HostShellBackend", "LeaksAnFd",
+    "ClaimsEveryLimit", "HostPathsBackend", "HostPorts", "HostShellBackend", "LeaksAnFd",
     "TimeoutKillsEverything",
 ]
 

@@ -30,7 +30,7 @@ from rollbox.errors import (
     SandboxFileNotFoundError,
     SandboxLostError,
 )
-from rollbox.sandbox import resolve_path
+from rollbox.sandbox import Endpoint, check_port, resolve_path
 
 SCRATCH = Path(tempfile.gettempdir())
 """The host directory the suite's shell tests work in (``scratch_dir``); the test that
@@ -299,3 +299,20 @@ class HostPathsBackend(HostShellBackend):
         await super().aclose()
         for copy in self.snapshots:
             shutil.rmtree(copy, ignore_errors=True)
+
+
+class HostPorts(HostShellBackend):
+    """Claims ports, and its sandboxes' listeners are on the host's loopback: reachable
+    without the endpoint, by anyone."""
+
+    name = "broken-host-ports"
+    capabilities = dataclasses.replace(HostShellBackend.capabilities, ports=True)
+
+    async def create(self, spec: SandboxSpec) -> HostShellSandbox:
+        sandbox = self.sandbox_class(self, spec)
+        sandbox.endpoint = _host_endpoint  # type: ignore[method-assign]
+        return sandbox
+
+
+async def _host_endpoint(port: int) -> Endpoint:
+    return Endpoint(f"http://127.0.0.1:{check_port(port)}")

@@ -29,6 +29,7 @@ TESTED = {
     "rollbox_register_pool_policies": "test_register_pool_policies_is_called",
     "rollbox_register_tasks": "test_register_tasks_is_called",
     "rollbox_register_commands": "test_register_commands_is_called",
+    "rollbox_register_serve_faces": "test_register_serve_faces_is_called",
     "rollbox_sandbox_created": "test_sandbox_created_fires_per_creation",
     "rollbox_sandbox_failed": "test_sandbox_failed_fires_per_counted_failure",
     "rollbox_rollout_finished": "test_rollout_finished_fires_per_rollout",
@@ -177,3 +178,20 @@ async def test_a_raising_observer_is_counted_not_fatal() -> None:
         with pytest.warns(RuntimeWarning, match="observer bug"):
             await (await pool.acquire(SandboxSpec())).release()
     assert pool.metrics.counters["observer_errors"] == 1
+
+
+def test_register_serve_faces_is_called() -> None:
+    """``rollbox serve`` looks its faces up through ``serve_faces`` (rollbox_serve.cli)."""
+    from rollbox.plugins import serve_faces
+
+    def attach(server: object) -> None:
+        """Would mount an HTTP API on the server."""
+
+    class FacePlugin:
+        @hookimpl
+        def rollbox_register_serve_faces(self, register: Callable[[str, Any], None]) -> None:
+            register("demo", attach)
+
+    pm = get_plugin_manager(load_entrypoints=False)
+    pm.register(FacePlugin())
+    assert serve_faces(pm) == {"demo": attach}

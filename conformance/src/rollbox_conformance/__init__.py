@@ -22,6 +22,7 @@ from rollbox_conformance.files import FileTests
 from rollbox_conformance.isolation import IsolationTests
 from rollbox_conformance.lifecycle import LifecycleTests
 from rollbox_conformance.limits import LimitsTests
+from rollbox_conformance.ports import PortTests
 from rollbox_conformance.reset import ResetSnapshotTests
 from rollbox_conformance.suite import BackendTests
 
@@ -35,5 +36,6 @@ __all__ = [
     "IsolationTests",
     "LifecycleTests",
     "LimitsTests",
+    "PortTests",
     "ResetSnapshotTests",
 ]

@@ -9,6 +9,7 @@ from rollbox_conformance.files import FileTests
 from rollbox_conformance.isolation import IsolationTests
 from rollbox_conformance.lifecycle import LifecycleTests
 from rollbox_conformance.limits import LimitsTests
+from rollbox_conformance.ports import PortTests
 from rollbox_conformance.reset import ResetSnapshotTests
 
 
@@ -21,6 +22,7 @@ class BackendTests(
     LimitsTests,
     ConcurrencyTests,
     FailureTests,
+    PortTests,
 ):
     """The whole conformance suite. Subclass as ``TestMyBackend`` and set
     ``backend_factory`` (or override the ``backend`` fixture)."""

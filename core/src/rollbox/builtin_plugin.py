@@ -7,15 +7,22 @@ from collections.abc import Callable
 
 from rollbox.backend import Backend
 from rollbox.cli_commands import Command
-from rollbox.hookspecs import hookimpl
+from rollbox.hookspecs import BackendRef, hookimpl
 from rollbox.policies import LookaheadPolicy
 from rollbox.pool import NoPoolPolicy, StaticPoolPolicy
 from rollbox.testing.fake import FakeBackend
 
 
 @hookimpl
-def rollbox_register_backends(register: Callable[[str, type[Backend]], None]) -> None:
+def rollbox_register_backends(register: Callable[[str, BackendRef], None]) -> None:
     register("fake", FakeBackend)
+    register("remote", _remote_backend)
+
+
+def _remote_backend() -> type[Backend]:
+    from rollbox.remote import RemoteBackend
+
+    return RemoteBackend
 
 
 @hookimpl
@@ -32,3 +39,5 @@ def rollbox_register_commands(register: Callable[[Command], None]) -> None:
     register(Command("run", "Run a command in a fresh sandbox.", cli.configure_run, cli.run))
     register(Command("doctor", "Check that a backend can run here.", cli.configure_doctor,
                      cli.doctor))
+    register(Command("ps", "List the sandboxes a rollbox server holds.", cli.configure_ps,
+                     cli.ps))

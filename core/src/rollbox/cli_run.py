@@ -59,7 +59,7 @@ class _Output:
             raise _StdoutClosed from None
 
 
-async def run_command(backend_class: type[Backend], spec: SandboxSpec, argv: list[str],
+async def run_command(backend_class: Callable[[], Backend], spec: SandboxSpec, argv: list[str],
                       cap: int) -> int:
     """Run ``argv`` in a fresh sandbox of ``spec``; returns the exit code for the shell."""
     check_command(argv, spec.env)  # a bad argv is refused before a sandbox is made

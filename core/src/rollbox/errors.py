@@ -17,10 +17,13 @@ codes, ...) are mapped onto this tree at the backend's edge, so callers never se
     │   ├── MissingExtraError           an optional package is not installed
     │   ├── BackendUnavailableError     the backend cannot run here (e.g. no user namespaces)
     │   ├── NotRegularFileError         the file API met a directory, FIFO, socket or device
-    │   └── FileTooLargeError           a file over the sandbox's size cap (file_size_mb)
+    │   ├── FileTooLargeError           a file over the sandbox's size cap (file_size_mb)
+    │   └── AuthenticationError         a rollbox server refused the token (HTTP 401)
     ├── SandboxError                    a sandbox failed; ``sandbox_id`` says which
     │   ├── CreateFailedError           retryable: the backend could not start it
     │   ├── SandboxLostError            retryable: it died or vanished (mid-command, too)
+    │   │   └── SandboxNotFoundError    a server knows no sandbox by that id (closed, reaped)
+    │   ├── ServerUnavailableError      retryable: the rollbox server is unreachable or went away
     │   ├── ResetFailedError            retryable: it did not come back clean; quarantined
     │   ├── ExecTimeoutError            the command overran its timeout; its tree was killed
     │   ├── CommandNotFoundError        the program does not exist in the image
@@ -150,6 +153,12 @@ class FileTooLargeError(UsageError):
     kind = "file_too_large"
 
 
+class AuthenticationError(UsageError):
+    """A rollbox server (``rollbox serve``) refused the request's token."""
+
+    kind = "authentication"
+
+
 class SandboxError(RollboxError):
     """A sandbox failed. ``sandbox_id`` is None when it failed before it had one."""
 
@@ -168,6 +177,23 @@ class CreateFailedError(SandboxError):
 class SandboxLostError(SandboxError):
     retryable = True
     kind = "sandbox_lost"
+
+
+class SandboxNotFoundError(SandboxLostError):
+    """A rollbox server holds no sandbox by that id: closed, reaped after its idle TTL,
+    or never created there."""
+
+    kind = "sandbox_not_found"
+
+
+class ServerUnavailableError(SandboxError):
+    """The rollbox server cannot be reached, or went away in the middle of a request.
+
+    Retryable: what the request was doing may or may not have happened on the server,
+    so a rollout retries it on a fresh sandbox."""
+
+    retryable = True
+    kind = "server_unavailable"
 
 
 class ResetFailedError(SandboxError):

@@ -12,7 +12,7 @@ returns.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, TypeAlias, Union
+from typing import TYPE_CHECKING, Any, TypeAlias, Union
 
 import pluggy
 
@@ -70,6 +70,17 @@ def rollbox_register_commands(register: Callable[[Command], None]) -> None:
 
     Called once when the CLI starts. ``register(Command(...))``.
     Returns nothing.
+    """
+
+
+@hookspec
+def rollbox_register_serve_faces(register: Callable[[str, Callable[[Any], None]], None]) -> None:
+    """Register other faces of ``rollbox serve``: HTTP APIs beside the remote backend's.
+
+    Called once when ``rollbox serve`` starts. ``register(name, attach)``; for each face
+    the user enables (``rollbox serve --face NAME``), ``attach(server)`` is called with
+    the ``rollbox_serve.Server`` before it listens, and mounts its routes with
+    ``server.add_face(prefix, aiohttp_app)``. Returns nothing.
     """
 
 

@@ -120,6 +120,11 @@ def task_sources(pm: pluggy.PluginManager) -> dict[str, object]:
     return _collect(pm.hook.rollbox_register_tasks, "task source")
 
 
+def serve_faces(pm: pluggy.PluginManager) -> dict[str, Callable[[Any], None]]:
+    """Every registered face of ``rollbox serve``, by name."""
+    return _collect(pm.hook.rollbox_register_serve_faces, "serve face")
+
+
 def commands(pm: pluggy.PluginManager) -> list[Command]:
     found: list[Command] = []
     pm.hook.rollbox_register_commands(register=found.append)

@@ -205,6 +205,26 @@ class Pool:
         for spec in dict.fromkeys([*specs, *self._reported]):
             self._kick(spec)
 
+    async def shrink(self, spec: SandboxSpec, keep: int = 0) -> int:
+        """Close idle sandboxes of ``spec`` beyond ``keep`` (a pool shared by many
+        clients trims what nobody asked for any more); returns how many it closed."""
+        state = self._specs.get(spec)
+        victims = []
+        while state is not None and len(state.idle) > keep:
+            sandbox = state.idle.popleft()
+            self._lru.pop(sandbox, None)
+            victims.append(sandbox)
+        await asyncio.gather(*(self._close(s) for s in victims))
+        self.metrics.count("evictions", len(victims))
+        if victims:
+            await self._notify_room()
+        return len(victims)
+
+    @property
+    def idle_specs(self) -> list[SandboxSpec]:
+        """The specs that have idle sandboxes now."""
+        return [spec for spec, state in self._specs.items() if state.idle]
+
     def delegated(self, spec: SandboxSpec) -> bool:
         """True while the backend keeps ``spec`` warm (``Backend.keep_warm``)."""
         state = self._specs.get(spec)

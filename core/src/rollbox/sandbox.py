@@ -1,7 +1,8 @@
 """The sandbox handle every backend implements, and the values that cross it.
 
 A backend subclasses ``Sandbox`` and implements a handful of ``_``-free abstract methods
-(``run``, ``start``, ``read_file``, ``write_file``, ``reset``, ``close``); the public
+(``run``, ``start``, ``read_file``, ``write_file``, ``reset``, ``close``) and, with
+the matching capability, ``snapshot`` and ``endpoint``; the public
 ``exec``/``stream`` normalise arguments once, here, so every backend sees the same
 ``ExecRequest``: an argv, a full environment, a timeout and an output cap that are
 always set. A class that adds behaviour to a sandbox it wraps (metering, faults)
@@ -20,11 +21,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Literal
+from urllib.parse import urlsplit
 
 from rollbox.errors import (
     CapabilityNotSupportedError,
     InvalidCommandError,
     PathOutsideSandboxError,
+    UsageError,
 )
 
 if TYPE_CHECKING:
@@ -71,6 +74,9 @@ class Capabilities:
     shell: bool = True
     """``exec`` runs real programs: the image has ``/bin/sh`` and the POSIX utilities.
     In-memory fakes set it False; the conformance suite skips shell-based tests then."""
+    ports: bool = False
+    """``Sandbox.endpoint(port)`` reaches a port a process inside listens on, from the
+    host, whatever the sandbox's network policy (the sandbox gains no network by it)."""
 
 
 @dataclass(frozen=True)
@@ -136,6 +142,27 @@ class Process(ABC):
     @abstractmethod
     async def wait(self) -> int:
         """The exit code (-N for signal N); raises ExecTimeoutError past the timeout."""
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """Where the host reaches a port a sandbox listens on (``Sandbox.endpoint``).
+
+    ``url`` is ``http://HOST:PORT`` (plain TCP underneath: any protocol on that port
+    works, HTTP, WebSocket or not HTTP at all); send ``headers`` with every HTTP request
+    (empty when the address alone is enough, e.g. a relay on this host's loopback).
+    """
+
+    url: str
+    headers: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def host(self) -> str:
+        return urlsplit(self.url).hostname or ""
+
+    @property
+    def port(self) -> int:
+        return urlsplit(self.url).port or (443 if self.url.startswith("https:") else 80)
 
 
 @dataclass(frozen=True)
@@ -246,6 +273,15 @@ class Sandbox(ABC):
 
     async def snapshot(self) -> Snapshot:
         raise CapabilityNotSupportedError(f"{type(self).__name__} does not support snapshots")
+
+    async def endpoint(self, port: int) -> Endpoint:
+        """How the host reaches ``port``, which a process in this sandbox listens on
+        (on 127.0.0.1 or any address inside). Backends with ``ports`` override this.
+
+        The address is valid until the sandbox closes; connecting to it while nothing
+        listens inside gives a refused or closed connection, not an error here. Raises
+        CapabilityNotSupportedError, or UsageError for a port outside 1-65535."""
+        raise CapabilityNotSupportedError(f"{type(self).__name__} does not expose ports")
 
     async def prepare(self) -> None:
         """Get ready for a fast first command (start helpers a backend starts lazily).
@@ -427,6 +463,13 @@ def resolve_path(path: str, workdir: str = "/") -> str:
     if not isinstance(path, str) or not path or "\0" in path:
         raise PathOutsideSandboxError(f"invalid sandbox path {path!r}")
     return posixpath.normpath(posixpath.join(workdir, path)).replace("//", "/")
+
+
+def check_port(port: object) -> int:
+    """``port`` if it is a TCP port number (1-65535), else UsageError."""
+    if isinstance(port, bool) or not isinstance(port, int) or not 0 < port < 65536:
+        raise UsageError(f"a port is an int in 1-65535, got {port!r}")
+    return port
 
 
 def shell_join(argv: Sequence[str]) -> str:

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from rollbox.backend import Backend
-from rollbox.sandbox import ExecRequest, ExecResult, Process, Sandbox, Snapshot
+from rollbox.sandbox import Endpoint, ExecRequest, ExecResult, Process, Sandbox, Snapshot
 from rollbox.spec import Resources, SandboxSpec
 
 S = TypeVar("S", bound=Sandbox)
@@ -80,6 +80,9 @@ class SandboxWrapper(Sandbox, Generic[S]):
 
     async def snapshot(self) -> Snapshot:
         return await self.inner.snapshot()
+
+    async def endpoint(self, port: int) -> Endpoint:
+        return await self.inner.endpoint(port)
 
     async def prepare(self) -> None:
         await self.inner.prepare()

@@ -37,7 +37,15 @@ from rollbox.errors import (
     SandboxFileNotFoundError,
     SandboxLostError,
 )
-from rollbox.sandbox import ExecRequest, ExecResult, Process, Sandbox, resolve_path
+from rollbox.sandbox import (
+    Endpoint,
+    ExecRequest,
+    ExecResult,
+    Process,
+    Sandbox,
+    check_port,
+    resolve_path,
+)
 from rollbox.spec import MiB, SandboxSpec
 
 from rollbox_kubernetes.client import ApiError
@@ -330,6 +338,13 @@ class KubeSandbox(Sandbox):
                 f"reset of sandbox {self.id} exited {out.exit_code}: "
                 f"{out.stderr.decode('utf-8', 'replace').strip()[:300]}", sandbox_id=self.id,
             )
+
+    async def endpoint(self, port: int) -> Endpoint:
+        """The pod's ``port``, at the pod IP or through the router (``Transports``)."""
+        check_port(port)
+        if self.closed or self.lost:
+            raise SandboxLostError(f"sandbox {self.id} is closed", sandbox_id=self.id)
+        return await self.backend.transports.endpoint(self, self.backend.client, port)
 
     async def close(self) -> None:
         if self.closed:

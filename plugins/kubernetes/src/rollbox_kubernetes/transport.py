@@ -28,6 +28,7 @@ from dataclasses import dataclass
 
 import aiohttp
 from rollbox.errors import BackendUnavailableError, InvalidSpecError
+from rollbox.sandbox import Endpoint
 
 from rollbox_kubernetes.client import ApiError, KubeClient
 from rollbox_kubernetes.resources import PODS
@@ -124,6 +125,27 @@ class Transports:
             return None
         return RuntimeHttp(self.session(), url, sandbox, headers=headers, stats=self.stats,
                            max_timeout_s=opts.max_timeout_s)
+
+    async def endpoint(self, sandbox: KubeSandbox, client: KubeClient, port: int) -> Endpoint:
+        """Where ``port`` of ``sandbox``'s pod is reached: through the router at ``url``
+        (its headers name the pod and port), else at the pod's IP, which is routable
+        from inside the cluster only. A ``network="none"`` pod's NetworkPolicy denies
+        all ingress: expose ports of such pods through a router the policy admits."""
+        if self.options.url is not None:
+            headers = {"X-Sandbox-ID": sandbox.pod, "X-Sandbox-Namespace": self.namespace,
+                       "X-Sandbox-Port": str(port)}
+            if sandbox.pod_ip:
+                headers["X-Sandbox-Pod-IP"] = sandbox.pod_ip
+            if self.options.token:
+                headers["Authorization"] = f"Bearer {self.options.token}"
+            return Endpoint(self.options.url, headers)
+        if not sandbox.pod_ip:
+            sandbox.pod_ip = await self._pod_ip(client, sandbox.pod)
+        if not sandbox.pod_ip:
+            raise BackendUnavailableError(f"pod {sandbox.pod} has no IP to reach port {port} "
+                                          "at; pass runtime_url= a sandbox router")
+        host = f"[{sandbox.pod_ip}]" if ":" in sandbox.pod_ip else sandbox.pod_ip
+        return Endpoint(f"http://{host}:{port}")
 
     async def _probe(self, runtime: RuntimeHttp) -> bool:
         opts = self.options

@@ -32,6 +32,7 @@ from rollbox.errors import (
     UsageError,
 )
 from rollbox.sandbox import (
+    Endpoint,
     ExecRequest,
     ExecResult,
     OutputChunk,
@@ -45,6 +46,7 @@ from rollbox.spec import MiB, Network, Resources, SandboxSpec
 from rollbox_local.execution import Execution
 from rollbox_local.fileops import FileOps
 from rollbox_local.generation import Generation, boot_generation
+from rollbox_local.ports import PortRelays
 from rollbox_local.statuspipe import StatusLine
 from rollbox_local.zygote import AgentChannel
 
@@ -89,6 +91,8 @@ class LocalSandbox(Sandbox):
         self._closed = False
         self._retiring: set[Generation] = set()
         self.files = FileOps(self)
+        self.ports = PortRelays(sandbox_id, self.open_port)
+        """The host side of ``endpoint``: a loopback relay per exposed port."""
 
     # -- lifecycle -----------------------------------------------------------------------
 
@@ -135,6 +139,7 @@ class LocalSandbox(Sandbox):
     async def reset(self) -> None:
         if self._closed:
             raise ResetFailedError(f"sandbox {self.id} is closed", sandbox_id=self.id)
+        await self.ports.reset()  # a reset sandbox exposes nothing
         old, standby = self._current, self._standby
         self._current, self._standby = None, None
         if old is not None:
@@ -185,6 +190,7 @@ class LocalSandbox(Sandbox):
         if self._closed:
             return
         self._closed = True
+        await self.ports.aclose()
         for old in list(self._retiring):
             self._retire(old)
         generations = [self._current] if self._current is not None else []
@@ -381,6 +387,11 @@ class LocalSandbox(Sandbox):
         if isinstance(port, bool) or not isinstance(port, int) or not 0 < port < 65536:
             raise UsageError(f"port must be an int in 1..65535, got {port!r}")
         return await self.files.connect(port)
+
+    async def endpoint(self, port: int) -> Endpoint:
+        """A loopback address on the host relayed to ``port`` inside (``ports.py``)."""
+        self._live()
+        return await self.ports.endpoint(port)
 
     # -- snapshots -----------------------------------------------------------------------
 
