@@ -133,9 +133,12 @@ def ensure_env(recipe: EnvRecipe) -> Path:
         # an incomplete one from an interrupted run is made again.
         shutil.rmtree(env, ignore_errors=True)
         uv = _uv()
-        _check([uv, "venv", "--quiet", "--python", str(python), str(env)])
+        # --no-config: the recipe alone says what goes in, not the repository's own uv
+        # settings (the root pyproject excludes nemo-gym from the workspace, for one).
+        _check([uv, "venv", "--quiet", "--no-config", "--python", str(python), str(env)])
         editable = [arg for path in recipe.editable for arg in ("-e", str(REPO / path))]
-        _check([uv, "pip", "install", "--quiet", "--python", str(env / "bin" / "python"),
+        _check([uv, "pip", "install", "--quiet", "--no-config",
+                "--python", str(env / "bin" / "python"),
                 *recipe.install_args, *TEST_TOOLS, *recipe.requirements, *editable])
         done.write_text(key_source)
     return env

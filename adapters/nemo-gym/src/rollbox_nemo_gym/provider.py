@@ -1,0 +1,247 @@
+"""``RollboxProvider``: rollbox's warm, isolated sandboxes behind NeMo Gym's provider
+protocol (``nemo_gym.sandbox.providers.base.SandboxProvider``).
+
+NeMo Gym finds it through the entry point ``rollbox`` of the group
+``nemo_gym.sandbox_providers`` and builds it from YAML::
+
+    sandbox:
+      rollbox: {backend: local, pool_options: {policy: static, policy_options: {size: 4}}}
+
+``create`` hands out a sandbox from a warm pool keyed by the mapped spec
+(``rollbox_nemo_gym.specs``) and returns once it is ready; ``close`` gives it back to
+be reset in place. Providers of equal settings share their pool
+(``rollbox_nemo_gym.runtime``), because NeMo Gym makes one provider per sandbox.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Coroutine, Mapping
+from pathlib import Path
+from typing import Any, TypeVar
+
+from nemo_gym.sandbox import (
+    SandboxCreateError,
+    SandboxExecResult,
+    SandboxHandle,
+    SandboxSpec,
+    SandboxStatus,
+)
+from rollbox.errors import (
+    PoolError,
+    RollboxError,
+    SandboxError,
+    SandboxLostError,
+    UsageError,
+)
+
+from rollbox_nemo_gym.box import Box
+from rollbox_nemo_gym.config import ProviderConfig
+from rollbox_nemo_gym.runtime import LoopThread, SharedPool, loop_thread
+from rollbox_nemo_gym.specs import MappedSpec, SpecNotSupportedError, map_spec
+
+T = TypeVar("T")
+
+_boxes: dict[str, Box] = {}
+"""Every open sandbox of this process by id, for ``connect`` (rollbox loop only)."""
+
+
+class RollboxCreateError(SandboxCreateError):
+    """rollbox could not hand out a sandbox. ``cause`` is the rollbox error, whose
+    ``retryable`` says whether trying again may succeed."""
+
+    def __init__(self, message: str, cause: RollboxError) -> None:
+        super().__init__(message)
+        self.cause = cause
+        self.retryable = cause.retryable
+
+
+class RollboxProvider:
+    """A NeMo Gym sandbox provider backed by a rollbox backend and a shared warm pool.
+
+    Keyword arguments are the provider's YAML settings (``rollbox_nemo_gym.config``).
+    """
+
+    name = "rollbox"
+
+    def __init__(self, **settings: Any) -> None:
+        self.config = ProviderConfig.from_options(settings)
+        self._thread: LoopThread | None = None
+        self._shared: SharedPool | None = None
+        self._owned: dict[str, Box] = {}
+
+    # -- SandboxProvider -------------------------------------------------------------------
+
+    async def create(self, spec: SandboxSpec) -> SandboxHandle:
+        """A ready sandbox for ``spec``: a warm one from the pool when there is one.
+
+        Raises SpecNotSupportedError / InvalidSpecError (ValueError-like: fix the spec),
+        or RollboxCreateError (a NeMo Gym ``SandboxCreateError``) when no sandbox could
+        be had in time.
+        """
+        mapped = map_spec(spec, self.config)
+        thread = loop_thread()
+        box = await thread.call(self._open(thread, mapped))
+        return SandboxHandle(sandbox_id=box.id, provider_name=self.name, raw=box)
+
+    async def exec(
+        self,
+        handle: SandboxHandle,
+        command: str,
+        *,
+        cwd: str | None = None,
+        env: dict[str, str] | None = None,
+        timeout_s: int | float | None = None,
+        user: str | int | None = None,
+    ) -> SandboxExecResult:
+        """Run ``command`` through the image's shell; a non-zero exit is a result.
+
+        Commands run as the sandbox's root (its only user, mapped to an unprivileged one
+        outside); ``user`` may say ``root`` or ``0`` and nothing else.
+        """
+        if user not in (None, "root", 0, "0"):
+            raise SpecNotSupportedError(
+                f"exec user={user!r}: rollbox runs commands as the sandbox's root (uid 0 "
+                "inside, unprivileged outside); switch users inside the command instead"
+            )
+        box = _box(handle)
+        timeout = float(timeout_s) if timeout_s is not None else self.config.default_timeout_s
+        if not box.thread.alive:
+            return _outlived(box)
+        return await box.thread.call(box.exec(command, cwd=cwd, env=env, timeout_s=timeout))
+
+    async def upload_file(self, handle: SandboxHandle, source_path: Path, target_path: str) -> None:
+        box = _box(handle)
+        await _on(box, box.upload(Path(source_path), target_path))
+
+    async def download_file(
+        self, handle: SandboxHandle, source_path: str, target_path: Path
+    ) -> None:
+        box = _box(handle)
+        await _on(box, box.download(source_path, Path(target_path)))
+
+    async def status(self, handle: SandboxHandle) -> SandboxStatus:
+        box = _box(handle)
+        if not box.thread.alive:
+            return SandboxStatus.STOPPED
+        return await box.thread.call(box.status())
+
+    async def close(self, handle: SandboxHandle) -> None:
+        """Give the sandbox back to its pool to be reset in place. Idempotent."""
+        box = _box(handle)
+        self._owned.pop(box.id, None)
+        if box.thread.alive:
+            await box.thread.call(_close(box))
+
+    async def aclose(self) -> None:
+        """Close every sandbox this provider made and leave the shared pool (which
+        closes after ``keep_warm_s`` without providers, at once when it is 0)."""
+        owned, self._owned = list(self._owned.values()), {}
+        thread, shared = self._thread, self._shared
+        self._thread = self._shared = None
+        if thread is None or not thread.alive:
+            return
+        for box in owned:
+            await thread.call(_close(box))
+        if shared is not None:
+            await thread.call(thread.pools.detach(shared, self.config.keep_warm_s))
+
+    # -- SupportsSandboxPauseResume --------------------------------------------------------
+
+    async def pause(self, handle: SandboxHandle) -> None:
+        """Keep the sandbox's files, give its processes and pool slot back.
+
+        A snapshot of the writable layer is taken and the sandbox returns to its pool;
+        ``resume`` forks a new sandbox from the snapshot. Processes do not survive.
+        """
+        box = _box(handle)
+        await _on(box, box.pause())
+
+    async def resume(self, handle: SandboxHandle) -> None:
+        box = _box(handle)
+        await _on(box, box.resume())
+
+    # -- ConnectableProvider ---------------------------------------------------------------
+
+    async def serialize_handle(
+        self, handle: SandboxHandle, *, scope: str | None = None
+    ) -> dict[str, Any]:
+        """A descriptor ``connect`` rebuilds the handle from: ids only, no credentials."""
+        box = _box(handle)
+        return {"provider": self.name, "sandbox_id": box.id, "host": socket.gethostname(),
+                "pid": os.getpid()}
+
+    async def connect(self, descriptor: Mapping[str, Any]) -> SandboxHandle:
+        """The sandbox a descriptor names, as a handle of this provider.
+
+        The local backend's sandboxes live in the process that made them, so this finds
+        them in that process only; another process shares them through ``rollbox serve``
+        (``backend: remote``).
+        """
+        sandbox_id = descriptor.get("sandbox_id")
+        if not isinstance(sandbox_id, str) or not sandbox_id:
+            raise UsageError(f"not a rollbox sandbox descriptor: {dict(descriptor)!r}")
+        thread = loop_thread()
+        box = await thread.call(_find(sandbox_id))
+        if box is None:
+            elsewhere = (descriptor.get("pid") != os.getpid()
+                         or descriptor.get("host") != socket.gethostname())
+            hint = ("it lives in another process: share sandboxes between processes with "
+                    "`rollbox serve` and backend: remote" if elsewhere
+                    else "it was stopped")
+            raise SandboxLostError(f"no sandbox {sandbox_id} here; {hint}",
+                                   sandbox_id=sandbox_id)
+        return SandboxHandle(sandbox_id=box.id, provider_name=self.name, raw=box)
+
+    # -- internals --------------------------------------------------------------------------
+
+    async def _open(self, thread: LoopThread, mapped: MappedSpec) -> Box:
+        shared = await self._attach(thread)
+        try:
+            lease = await shared.pool.acquire(mapped.spec, timeout=mapped.ready_timeout_s)
+            box = await Box.open(lease, mapped, shared.backend, self.config.shell, thread)
+        except (SandboxError, PoolError) as exc:
+            raise RollboxCreateError(
+                f"rollbox could not start a sandbox of image {mapped.spec.image!r}: "
+                f"{exc.message}", exc,
+            ) from exc
+        _boxes[box.id] = box
+        self._owned[box.id] = box
+        return box
+
+    async def _attach(self, thread: LoopThread) -> SharedPool:
+        if self._shared is None or self._thread is not thread or self._shared.closed:
+            self._thread = thread
+            self._shared = await thread.pools.attach(self.config.pool_config)
+        return self._shared
+
+
+async def _close(box: Box) -> None:
+    _boxes.pop(box.id, None)
+    await box.close()
+
+
+async def _find(sandbox_id: str) -> Box | None:
+    return _boxes.get(sandbox_id)
+
+
+async def _on(box: Box, coro: Coroutine[Any, Any, T]) -> T:
+    if not box.thread.alive:
+        coro.close()
+        raise SandboxLostError(f"sandbox {box.id} ended with its rollbox loop",
+                               sandbox_id=box.id)
+    return await box.thread.call(coro)
+
+
+def _outlived(box: Box) -> SandboxExecResult:
+    return SandboxExecResult(stdout=None, stderr=f"sandbox {box.id} ended with its rollbox loop",
+                             return_code=125, error_type="sandbox")
+
+
+def _box(handle: SandboxHandle) -> Box:
+    raw = getattr(handle, "raw", None)
+    if not isinstance(raw, Box):
+        raise UsageError(f"handle {getattr(handle, 'sandbox_id', handle)!r} was not made by "
+                         "the rollbox provider")
+    return raw
