@@ -142,6 +142,8 @@ class Box:
     # -- pause and resume: a snapshot of the files, the sandbox itself given back ---------
 
     async def pause(self) -> None:
+        if self.paused and self.ended is None:
+            return
         self._usable()
         caps = self.backend.capabilities
         if not (caps.snapshot and caps.fork):
