@@ -19,7 +19,9 @@ from __future__ import annotations
 import asyncio
 import atexit
 import concurrent.futures
+import concurrent.futures.thread  # its exit hook first: see the end
 import contextlib
+import functools
 import os
 import threading
 from collections.abc import Coroutine, Mapping
@@ -196,7 +198,7 @@ def pool_kwargs(options: Mapping[str, Any]) -> dict[str, Any]:
     if not isinstance(policy_options, Mapping):
         raise UsageError("pool_options.policy_options must be a mapping")
     if name is not None:
-        known = pool_policies(get_plugin_manager())
+        known = _pool_policies()
         if name not in known:
             raise UsageError(
                 f"no pool policy named {name!r}; installed: {', '.join(sorted(known))}"
@@ -212,6 +214,13 @@ def pool_kwargs(options: Mapping[str, Any]) -> dict[str, Any]:
     elif policy_options:
         raise UsageError("pool_options.policy_options needs pool_options.policy")
     return kwargs
+
+
+@functools.cache
+def _pool_policies() -> dict[str, type[object]]:
+    """The registered pool policies, looked up once: NeMo Gym makes a provider per
+    sandbox, and loading every plugin's entry points costs tens of milliseconds."""
+    return dict(pool_policies(get_plugin_manager()))
 
 
 def _freeze(value: Any) -> Any:
@@ -247,4 +256,9 @@ def shutdown() -> None:
         current.stop()
 
 
-atexit.register(shutdown)
+# At interpreter exit, concurrent.futures' thread pools stop taking work before atexit
+# handlers run, and closing a local backend still deletes layers through one. threading's
+# own exit hooks (the one concurrent.futures.thread registers on import) run earlier, in
+# reverse order of registration: registered after it, this one runs before it.
+_at_exit = getattr(threading, "_register_atexit", atexit.register)
+_at_exit(shutdown)

@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import rollbox
+from nemo_gym.sandbox import SandboxResources
 from nemo_gym.sandbox import SandboxSpec as NemoSpec
 from rollbox.errors import InvalidSpecError
 from rollbox.spec import Resources, Timeouts
@@ -163,6 +164,8 @@ def _check_platform(wanted: object, config: ProviderConfig) -> None:
 
 def _resources(spec: NemoSpec, config: ProviderConfig, options: Mapping[str, Any]) -> Resources:
     wanted = spec.resources
+    if not isinstance(wanted, SandboxResources):  # NeMo Gym converts on construction
+        wanted = SandboxResources.from_mapping(wanted)
     if wanted.gpu or wanted.gpu_type:
         raise SpecNotSupportedError(
             f"SandboxSpec.resources gpu={wanted.gpu!r} gpu_type={wanted.gpu_type!r}: rollbox "
