@@ -9,6 +9,7 @@ import pytest
 from nemo_gym.sandbox import AsyncSandbox, SandboxCreateError, SandboxResources, SandboxSpec
 from rollbox.errors import ImageNotFoundError, UsageError
 from rollbox.spec import Network
+from rollbox_local import LocalBackend
 from rollbox_nemo_gym import RollboxProvider, SpecNotSupportedError
 from rollbox_nemo_gym.config import ProviderConfig
 from rollbox_nemo_gym.specs import MAPPED_FIELDS, MAPPED_RESOURCES, has_spec_field, map_spec
@@ -72,7 +73,6 @@ def test_equal_specs_share_a_pool_key() -> None:
     [
         ({"resources": {"gpu": 1}}, "GPU provider"),
         ({"resources": {"gpu_type": "H100"}}, "GPU provider"),
-        ({"ports": [8080]}, "cannot expose sandbox ports"),
         ({"provider_options": {"volumes": ["/data:/data"]}}, "volumes mean nothing"),
         ({"provider_options": {"platform": {"os": "windows"}}}, "run on this machine"),
         ({"provider_options": {"platform": {"arch": "riscv64"}}}, "run on this machine"),
@@ -121,6 +121,15 @@ async def test_create_refuses_before_any_sandbox_starts() -> None:
     provider = RollboxProvider(keep_warm_s=0)
     with pytest.raises(SpecNotSupportedError):
         await provider.create(SandboxSpec(resources={"gpu": 1}))
+    await provider.aclose()
+
+
+async def test_ports_are_refused_where_the_backend_cannot_expose_them() -> None:
+    if getattr(LocalBackend.capabilities, "ports", False):
+        pytest.skip("the local backend exposes ports: test_ports_and_serve.py")
+    provider = RollboxProvider(keep_warm_s=0)
+    with pytest.raises(SpecNotSupportedError, match="cannot expose sandbox ports"):
+        await provider.create(SandboxSpec(ports=[8080]))
     await provider.aclose()
 
 

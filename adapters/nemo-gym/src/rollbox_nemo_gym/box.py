@@ -14,7 +14,7 @@ import contextlib
 import itertools
 from pathlib import Path
 
-from nemo_gym.sandbox import SandboxExecResult, SandboxStatus
+from nemo_gym.sandbox import SandboxEndpoint, SandboxExecResult, SandboxStatus
 from rollbox.backend import Backend
 from rollbox.errors import (
     CapabilityNotSupportedError,
@@ -40,10 +40,12 @@ _without_bash: set[str] = set()
 
 
 class Box:
-    """A sandbox handed to NeMo Gym: created by ``open``, ended by ``close``."""
+    """A sandbox handed to NeMo Gym: leased from a pool by ``open``, or attached by id
+    (a sandbox another process made, through ``rollbox serve``); ended by ``close``."""
 
     def __init__(
-        self, lease: Lease, mapped: MappedSpec, backend: Backend, shell: str, thread: LoopThread
+        self, sandbox: Sandbox, lease: Lease | None, mapped: MappedSpec, backend: Backend,
+        shell: str, thread: LoopThread,
     ) -> None:
         self.lease = lease
         self.mapped = mapped
@@ -51,10 +53,11 @@ class Box:
         self.shell = shell
         self.thread = thread
         """The rollbox loop this sandbox lives on: every method runs there."""
+        self.rollbox_id = sandbox.id
         # Unique per hand-out: a pool reuses a sandbox (and its rollbox id) after reset,
         # and NeMo Gym must never mistake the next holder's sandbox for this one.
-        self.id = f"{lease.raw.id}-{next(_serial)}"
-        self.sandbox: Sandbox = lease.sandbox
+        self.id = f"{sandbox.id}-{next(_serial)}"
+        self.sandbox = sandbox
         self.forked: Sandbox | None = None  # after resume: a fork, outside the pool
         self.snapshots: list[Snapshot] = []
         self.paused = False
@@ -67,7 +70,8 @@ class Box:
     async def open(
         cls, lease: Lease, mapped: MappedSpec, backend: Backend, shell: str, thread: LoopThread
     ) -> Box:
-        box = cls(lease, mapped, backend, shell, thread)
+        """The leased sandbox with ``mapped.files`` written and its ``ttl_s`` running."""
+        box = cls(lease.sandbox, lease, mapped, backend, shell, thread)
         try:
             for path, text in mapped.files.items():
                 await box.sandbox.write_file(path, text.encode())
@@ -130,6 +134,18 @@ class Box:
         await asyncio.to_thread(target.parent.mkdir, parents=True, exist_ok=True)
         await self.sandbox.download(source, target)
 
+    async def endpoint(self, port: int) -> SandboxEndpoint:
+        """Where the host reaches ``port`` inside (declared in the spec's ``ports``)."""
+        if port not in self.mapped.ports:
+            raise ValueError(f"sandbox port {port} was not declared in SandboxSpec.ports; "
+                             f"declared ports: {list(self.mapped.ports)}")
+        self._usable()
+        expose = getattr(self.sandbox, "endpoint", None)  # rollbox's port exposure, where
+        if expose is None:                                # this rollbox has it
+            raise CapabilityNotSupportedError("this rollbox cannot expose sandbox ports")
+        found = await expose(port)
+        return SandboxEndpoint(endpoint=found.url, headers=dict(found.headers))
+
     async def status(self) -> SandboxStatus:
         if self.ended is not None:
             return SandboxStatus.STOPPED
@@ -185,13 +201,18 @@ class Box:
             self.snapshots.clear()
 
     async def _give_back(self) -> None:
-        """Back to the pool (reset in place) if sound; a fork is closed."""
+        """Back to the pool (reset in place) if sound; a fork or an attached sandbox is
+        closed (an attached one goes back to its server's pool)."""
         if self.forked is not None:
             forked, self.forked = self.forked, None
             with contextlib.suppress(RollboxError, OSError):
                 await forked.close()
-        elif not self.lease.released:
-            await self.lease.release(Outcome.BROKEN if self.broken else Outcome.OK)
+        elif self.lease is not None:
+            if not self.lease.released:
+                await self.lease.release(Outcome.BROKEN if self.broken else Outcome.OK)
+        elif not self.paused:
+            with contextlib.suppress(RollboxError, OSError):
+                await self.sandbox.close()
 
     def _expire(self) -> None:
         self._expiry = None

@@ -65,7 +65,10 @@ class ProviderConfig:
 
     @property
     def pool_config(self) -> PoolConfig:
-        return PoolConfig(self.backend_name, self.backend_options, self.pool_options)
+        options = dict(self.pool_options)
+        if self.backend_name == "remote":
+            options.setdefault("policy", "none")  # see _check_remote_pool
+        return PoolConfig(self.backend_name, self.backend_options, options)
 
     @classmethod
     def from_options(cls, options: Mapping[str, Any]) -> ProviderConfig:
@@ -103,13 +106,31 @@ class ProviderConfig:
             raise UsageError(f"rollbox provider setting shell must be one of {', '.join(SHELLS)}")
         if values.get("backend") is not None and not isinstance(values["backend"], str):
             raise UsageError("rollbox provider setting backend must be a backend name")
-        return cls(**values)
+        made = cls(**values)
+        _check_remote_pool(made)
+        return made
 
     def rewrite(self, image: str) -> str:
         for rule in self.image_rewrites:
             if image.startswith(rule.prefix):
                 return rule.replacement + image[len(rule.prefix):]
         return image
+
+
+def _check_remote_pool(config: ProviderConfig) -> None:
+    """With ``backend: remote`` the server pools: it keeps released sandboxes warm and
+    resets them, and gives each hand-out a new id. A pool here that reused sandboxes
+    would give one id to several sessions, and a descriptor (``serialize``) of an ended
+    session would reach the next one's sandbox."""
+    if config.backend_name != "remote":
+        return
+    policy = pool_kwargs(config.pool_options).get("policy")
+    if policy is not None and policy.reuse:
+        raise UsageError(
+            f"pool_options.policy {policy.name!r} reuses sandboxes in this process; with "
+            "backend: remote the server keeps them warm and resets them: drop the policy "
+            "(or use none) and size the server's pool (rollbox serve --max-idle)"
+        )
 
 
 def network(value: object, where: str) -> Network:

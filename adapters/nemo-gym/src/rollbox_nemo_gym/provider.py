@@ -15,6 +15,7 @@ be reset in place. Providers of equal settings share their pool
 
 from __future__ import annotations
 
+import functools
 import os
 import socket
 from collections.abc import Coroutine, Mapping
@@ -23,6 +24,7 @@ from typing import Any, TypeVar
 
 from nemo_gym.sandbox import (
     SandboxCreateError,
+    SandboxEndpoint,
     SandboxExecResult,
     SandboxHandle,
     SandboxSpec,
@@ -35,6 +37,7 @@ from rollbox.errors import (
     SandboxLostError,
     UsageError,
 )
+from rollbox.plugins import backend_class, get_plugin_manager
 
 from rollbox_nemo_gym.box import Box
 from rollbox_nemo_gym.config import ProviderConfig
@@ -162,6 +165,14 @@ class RollboxProvider:
         box = _box(handle)
         await _on(box, box.resume())
 
+    # -- SupportsSandboxEndpoint -----------------------------------------------------------
+
+    async def endpoint(self, handle: SandboxHandle, port: int) -> SandboxEndpoint:
+        """Where the host reaches ``port`` (declared in ``SandboxSpec.ports``) of the
+        sandbox: rollbox's port exposure, which gives the sandbox no network itself."""
+        box = _box(handle)
+        return await _on(box, box.endpoint(port))
+
     # -- ConnectableProvider ---------------------------------------------------------------
 
     async def serialize_handle(
@@ -169,21 +180,25 @@ class RollboxProvider:
     ) -> dict[str, Any]:
         """A descriptor ``connect`` rebuilds the handle from: ids only, no credentials."""
         box = _box(handle)
-        return {"provider": self.name, "sandbox_id": box.id, "host": socket.gethostname(),
-                "pid": os.getpid()}
+        return {"provider": self.name, "sandbox_id": box.id, "rollbox_id": box.rollbox_id,
+                "backend": box.backend.name, "host": socket.gethostname(), "pid": os.getpid()}
 
     async def connect(self, descriptor: Mapping[str, Any]) -> SandboxHandle:
         """The sandbox a descriptor names, as a handle of this provider.
 
-        The local backend's sandboxes live in the process that made them, so this finds
-        them in that process only; another process shares them through ``rollbox serve``
-        (``backend: remote``).
+        In the process that made it, the sandbox itself. Elsewhere, the backend must be
+        one every process reaches by id — ``remote`` (a ``rollbox serve``) — and this
+        provider's own settings say where it is and hold the token. Stopping the handle
+        ends the sandbox; ``AsyncSandbox.disconnect`` leaves it to its creator.
         """
         sandbox_id = descriptor.get("sandbox_id")
+        rollbox_id = descriptor.get("rollbox_id")
         if not isinstance(sandbox_id, str) or not sandbox_id:
             raise UsageError(f"not a rollbox sandbox descriptor: {dict(descriptor)!r}")
         thread = loop_thread()
         box = await thread.call(_find(sandbox_id))
+        if box is None and isinstance(rollbox_id, str):
+            box = await thread.call(self._attach_to(thread, rollbox_id, descriptor))
         if box is None:
             elsewhere = (descriptor.get("pid") != os.getpid()
                          or descriptor.get("host") != socket.gethostname())
@@ -198,6 +213,11 @@ class RollboxProvider:
 
     async def _open(self, thread: LoopThread, mapped: MappedSpec) -> Box:
         shared = await self._attach(thread)
+        if mapped.ports and not getattr(shared.backend.capabilities, "ports", False):
+            raise SpecNotSupportedError(
+                f"SandboxSpec.ports {list(mapped.ports)}: the {shared.backend.name} backend "
+                "cannot expose sandbox ports; reach the service with exec instead"
+            )
         try:
             lease = await shared.pool.acquire(mapped.spec, timeout=mapped.ready_timeout_s)
             box = await Box.open(lease, mapped, shared.backend, self.config.shell, thread)
@@ -208,6 +228,28 @@ class RollboxProvider:
             ) from exc
         _boxes[box.id] = box
         self._owned[box.id] = box
+        return box
+
+    async def _attach_to(
+        self, thread: LoopThread, rollbox_id: str, descriptor: Mapping[str, Any]
+    ) -> Box | None:
+        """A sandbox of another process, by its rollbox id, where the backend can."""
+        if not _attaches(self.config.backend_name):
+            return None
+        fresh = self._shared is None
+        shared = await self._attach(thread)
+        try:
+            sandbox = await shared.backend.attach(rollbox_id)  # type: ignore[attr-defined]
+        except BaseException:
+            if fresh:  # leave no pool open for a connect that failed
+                self._shared = self._thread = None
+                await thread.pools.detach(shared, self.config.keep_warm_s)
+            raise
+        ports = tuple(int(p) for p in descriptor.get("ports") or ())
+        mapped = MappedSpec(spec=sandbox.spec, files={}, ttl_s=None, ready_timeout_s=None,
+                            ports=ports)
+        box = Box(sandbox, None, mapped, shared.backend, self.config.shell, thread)
+        _boxes[box.id] = box
         return box
 
     async def _attach(self, thread: LoopThread) -> SharedPool:
@@ -237,6 +279,12 @@ async def _on(box: Box, coro: Coroutine[Any, Any, T]) -> T:
 def _outlived(box: Box) -> SandboxExecResult:
     return SandboxExecResult(stdout=None, stderr=f"sandbox {box.id} ended with its rollbox loop",
                              return_code=125, error_type="sandbox")
+
+
+@functools.cache
+def _attaches(backend: str) -> bool:
+    """Whether ``backend``'s sandboxes can be reached by id from any process."""
+    return callable(getattr(backend_class(get_plugin_manager(), backend), "attach", None))
 
 
 def _box(handle: SandboxHandle) -> Box:

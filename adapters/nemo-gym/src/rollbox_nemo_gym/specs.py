@@ -13,7 +13,8 @@ concerns one sandbox's life — ``files`` written after it is handed out, ``ttl_
 - ``resources``: ``cpu`` → ``cpus``, ``memory_mib`` → ``memory_mb`` (MiB), ``disk_gib``
   → ``disk_mb`` (times 1024); ``gpu`` and ``gpu_type`` are refused: no GPUs in rollbox
 - ``entrypoint`` → ``SandboxSpec.entrypoint`` where rollbox has it, else refused
-- ``ports`` → refused until rollbox exposes sandbox ports (``Sandbox.endpoint``)
+- ``ports`` → the ports ``endpoint`` may expose (``Sandbox.endpoint``); refused by
+  ``create`` where the backend cannot expose ports
 - ``ttl_s`` → the sandbox is ended that long after ``create`` returned it
 - ``ready_timeout_s`` → the longest ``create`` may take, waiting for the pool included
 - ``provider_options`` → rollbox fields NeMo Gym has no name for: ``network``,
@@ -103,11 +104,6 @@ def map_spec(spec: NemoSpec, config: ProviderConfig) -> MappedSpec:
                 "start the service with exec (a command ending in '&') instead"
             )
         extra["entrypoint"] = tuple(str(part) for part in spec.entrypoint)
-    if spec.ports:
-        raise SpecNotSupportedError(
-            f"SandboxSpec.ports {list(spec.ports)}: this rollbox cannot expose sandbox ports "
-            "yet; reach the service with exec (e.g. curl inside the sandbox)"
-        )
     if options.get("reset_command") is not None:
         extra["reset_command"] = _text(options["reset_command"], "reset_command")
     if "output_limit_bytes" in options:
