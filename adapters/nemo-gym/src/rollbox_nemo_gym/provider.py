@@ -18,6 +18,7 @@ from __future__ import annotations
 import functools
 import os
 import socket
+import weakref
 from collections.abc import Coroutine, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
@@ -46,8 +47,9 @@ from rollbox_nemo_gym.specs import MappedSpec, SpecNotSupportedError, map_spec
 
 T = TypeVar("T")
 
-_boxes: dict[str, Box] = {}
-"""Every open sandbox of this process by id, for ``connect`` (rollbox loop only)."""
+_boxes: weakref.WeakValueDictionary[str, Box] = weakref.WeakValueDictionary()
+"""Every open sandbox of this process by id, for ``connect`` (rollbox loop only); one no
+handle refers to any more is forgotten."""
 
 
 class RollboxCreateError(SandboxCreateError):
