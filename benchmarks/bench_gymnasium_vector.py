@@ -17,34 +17,28 @@ import platform
 import statistics
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 
 import gymnasium
 import rollbox_gymnasium
+from rollbox.envs import Judgement, StepOutcome, Task
 from rollbox.sandbox import Sandbox
 from rollbox.spec import SandboxSpec
 from rollbox.testing import FakeBackend
-from rollbox_gymnasium import Judgement, SandboxEnv, SandboxVectorEnv, StepOutcome
+from rollbox_gymnasium import SandboxEnv, SandboxVectorEnv
 
 
-@dataclass(frozen=True)
-class IdleTask:
-    """A task whose verifier costs nothing, so a step is just the command."""
+class IdleTask(Task):
+    """A task whose verdict costs nothing, so a step is just the command."""
 
-    id: str = "bench/idle"
-    prompt: str = "Run commands."
-    spec: SandboxSpec = field(default_factory=lambda: SandboxSpec(workdir="/tmp"))
-
-    async def setup(self, sandbox: Sandbox) -> None:
-        return None
-
-    async def judge(self, sandbox: Sandbox, step: StepOutcome) -> Judgement:
+    async def judge(self, sandbox: Sandbox, step: StepOutcome | None) -> Judgement:
         return Judgement(0.0, False)
 
 
 class IdleSource:
+    name = "idle"
+
     def tasks(self) -> Sequence[IdleTask]:
-        return [IdleTask()]
+        return [IdleTask(id="bench/idle", spec=SandboxSpec(workdir="/tmp"), prompt="Run commands.")]
 
 
 def batch_times(envs: gymnasium.vector.VectorEnv, action: str, steps: int) -> list[float]:

@@ -29,11 +29,11 @@ import time
 from typing import Any
 
 from rollbox import NoPoolPolicy, Pool, PoolPolicy, Sandbox, StaticPoolPolicy
+from rollbox.envs import Task
 from rollbox.policies import LookaheadPolicy
 from rollbox.results import RolloutOutput
 from rollbox.runner import run_rollouts
 from rollbox.spec import SandboxSpec, Timeouts
-from rollbox.tasks import Task
 from rollbox_kubernetes import KubernetesBackend
 from rollbox_kubernetes.client import MUTATING_VERBS
 from rollbox_kubernetes.testing import ApiServerEmulator, ShellBackend

@@ -11,8 +11,8 @@ from rollbox.policies import InFlightAware, LookaheadPolicy
 from rollbox.pool import NoPoolPolicy, Pool
 from rollbox.runner import run_rollouts
 from rollbox.spec import SandboxSpec
-from rollbox.synthetic import SyntheticSource
 from rollbox.testing.fake import FakeBackend
+from rollbox_bench.synthetic import SyntheticSource
 
 
 class HintedBackend(FakeBackend):

@@ -8,6 +8,7 @@ from typing import Any
 
 import pluggy
 import pytest
+from rollbox.envs import Task
 from rollbox.errors import UsageError
 from rollbox.hookspecs import hookimpl
 from rollbox.plugins import get_plugin_manager
@@ -22,7 +23,6 @@ from rollbox.runner import (
 )
 from rollbox.sandbox import Sandbox
 from rollbox.spec import SandboxSpec
-from rollbox.tasks import Task
 from rollbox.testing.fake import FakeBackend
 
 FAST = RetryPolicy(max_attempts=3, backoff_s=0.001)

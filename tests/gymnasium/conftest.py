@@ -14,11 +14,11 @@ import pluggy
 import pytest
 import rollbox_gymnasium
 from rollbox import plugins
+from rollbox.envs import Task
 from rollbox.errors import SandboxFileNotFoundError, SandboxLostError
 from rollbox.hookspecs import hookimpl
 from rollbox.sandbox import ExecRequest, ExecResult, Sandbox
 from rollbox.spec import SandboxSpec
-from rollbox.tasks import Task
 from rollbox.testing import FakeBackend, FakeSandbox, builtin_handler
 from rollbox.testing.fake import resolve_path
 
@@ -64,7 +64,7 @@ class DoneFileTasks:
     def tasks(self) -> list[Task]:
         return [
             Task(id=f"done/{i}", spec=SandboxSpec(workdir="/w"), verifier=done_file_exists,
-                 meta={"prompt": f"Task {i}: create the file done."})
+                 prompt=f"Task {i}: create the file done.")
             for i in range(self.count)
         ]
 

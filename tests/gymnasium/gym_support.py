@@ -4,7 +4,7 @@ when several test directories, each with its own conftest, are collected togethe
 from __future__ import annotations
 
 from rollbox.spec import SandboxSpec
-from rollbox_gymnasium import ShellTask, ShellTaskSource
+from rollbox_bench.shell import ShellTask, ShellTaskSource
 
 
 def fake_tasks() -> ShellTaskSource:

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import pytest
 from gym_support import fake_tasks
+from rollbox.envs.pools import registry
 from rollbox.errors import ImageNotFoundError, UsageError
 from rollbox.spec import SandboxSpec
 from rollbox.testing import FakeBackend
-from rollbox_gymnasium import SandboxEnv, ShellTask, ShellTaskSource
-from rollbox_gymnasium.pools import registry
+from rollbox_bench.shell import ShellTask, ShellTaskSource
+from rollbox_gymnasium import SandboxEnv
 
 
 def make(backend: FakeBackend, **kwargs: object) -> SandboxEnv:

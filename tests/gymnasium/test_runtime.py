@@ -7,9 +7,9 @@ import asyncio
 import pytest
 import rollbox_gymnasium
 from gym_support import fake_tasks
+from rollbox.envs.bridge import loop_thread
 from rollbox.errors import UsageError
 from rollbox.testing import FakeBackend
-from rollbox_gymnasium.runtime import loop_thread
 
 
 def test_one_loop_thread_per_process() -> None:

@@ -12,7 +12,7 @@ from gymnasium.utils.env_checker import check_env
 from rollbox.errors import CommandNotFoundError
 from rollbox.sandbox import ExecRequest, ExecResult
 from rollbox.testing import FakeBackend, FakeSandbox
-from rollbox_gymnasium import swe
+from rollbox_bench import synthetic as swe
 
 FAKE = {"kind": "fake", "n_images": 3}
 

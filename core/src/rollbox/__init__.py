@@ -4,6 +4,11 @@
     async with rollbox.open_backend() as backend, rollbox.Pool(backend) as pool:
         async with pool.lease(rollbox.SandboxSpec(image="host")) as sandbox:
             print((await sandbox.exec("echo hello")).text)
+
+What the README uses is here: specs, sandboxes, backends, pools and every policy, the
+runner (``rollbox.runner``, ``run_rollouts``, ``RetryPolicy``), the environment contract
+(``Task``, ``Session``; more in ``rollbox.envs``), the wrappers and every error
+(``rollbox.errors`` draws their tree).
 """
 
 from __future__ import annotations
@@ -11,17 +16,42 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from rollbox import runner
 from rollbox.backend import Backend, Diagnostic
+from rollbox.envs import Judgement, Session, StepOutcome, Task, TaskSource, load_tasks
 from rollbox.errors import (
+    SANDBOX_SOUND_AFTER,
+    AcquireTimeoutError,
+    BackendUnavailableError,
+    CapabilityNotSupportedError,
+    CommandNotFoundError,
+    CreateFailedError,
     ExecTimeoutError,
+    ImageCorruptError,
+    ImageError,
+    ImageNotFoundError,
+    ImageStoreFullError,
+    InvalidSpecError,
+    MissingExtraError,
+    PathOutsideSandboxError,
+    PluginError,
+    PoolClosedError,
+    PoolError,
+    ResetFailedError,
     RollboxError,
     SandboxError,
+    SandboxFileNotFoundError,
     SandboxLostError,
+    UnknownBackendError,
     UsageError,
 )
+from rollbox.lease import Lease, Outcome
 from rollbox.metrics import Metrics
 from rollbox.plugins import backend_class, get_plugin_manager
-from rollbox.pool import Lease, NoPoolPolicy, Outcome, Pool, PoolPolicy, StaticPoolPolicy
+from rollbox.policies import LookaheadPolicy, NoPoolPolicy, PoolPolicy, StaticPoolPolicy
+from rollbox.pool import Pool
+from rollbox.results import Failure, RolloutOutput, RolloutResult, RunReport
+from rollbox.runner import GroupPolicy, RetryPolicy, run_rollouts, run_rollouts_sync
 from rollbox.sandbox import (
     Capabilities,
     ExecRequest,
@@ -32,6 +62,7 @@ from rollbox.sandbox import (
     Snapshot,
 )
 from rollbox.spec import Network, Resources, SandboxSpec, Timeouts
+from rollbox.wrappers import BackendWrapper, SandboxWrapper
 
 __version__ = "0.1.0"
 
@@ -48,31 +79,68 @@ def open_backend(name: str | None = None, **options: Any) -> Backend:
 
 
 __all__ = [
+    "SANDBOX_SOUND_AFTER",
+    "AcquireTimeoutError",
     "Backend",
+    "BackendUnavailableError",
+    "BackendWrapper",
     "Capabilities",
+    "CapabilityNotSupportedError",
+    "CommandNotFoundError",
+    "CreateFailedError",
     "Diagnostic",
     "ExecRequest",
     "ExecResult",
     "ExecTimeoutError",
+    "Failure",
+    "GroupPolicy",
+    "ImageCorruptError",
+    "ImageError",
+    "ImageNotFoundError",
+    "ImageStoreFullError",
+    "InvalidSpecError",
+    "Judgement",
     "Lease",
+    "LookaheadPolicy",
     "Metrics",
+    "MissingExtraError",
     "Network",
     "NoPoolPolicy",
     "Outcome",
     "OutputChunk",
+    "PathOutsideSandboxError",
+    "PluginError",
     "Pool",
+    "PoolClosedError",
+    "PoolError",
     "PoolPolicy",
     "Process",
+    "ResetFailedError",
     "Resources",
+    "RetryPolicy",
     "RollboxError",
+    "RolloutOutput",
+    "RolloutResult",
+    "RunReport",
     "Sandbox",
     "SandboxError",
+    "SandboxFileNotFoundError",
     "SandboxLostError",
     "SandboxSpec",
+    "SandboxWrapper",
+    "Session",
     "Snapshot",
     "StaticPoolPolicy",
+    "StepOutcome",
+    "Task",
+    "TaskSource",
     "Timeouts",
+    "UnknownBackendError",
     "UsageError",
     "get_plugin_manager",
+    "load_tasks",
     "open_backend",
+    "run_rollouts",
+    "run_rollouts_sync",
+    "runner",
 ]

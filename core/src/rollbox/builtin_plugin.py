@@ -1,5 +1,5 @@
-"""What core registers through its own hook spec: the fake backend, the pool policies,
-the synthetic task source and the backend-agnostic CLI commands."""
+"""What core registers through its own hook spec: the fake backend, the pool policies
+and the backend-agnostic CLI commands."""
 
 from __future__ import annotations
 
@@ -10,7 +10,6 @@ from rollbox.cli_commands import Command
 from rollbox.hookspecs import hookimpl
 from rollbox.policies import LookaheadPolicy
 from rollbox.pool import NoPoolPolicy, StaticPoolPolicy
-from rollbox.synthetic import SyntheticSource
 from rollbox.testing.fake import FakeBackend
 
 
@@ -27,18 +26,9 @@ def rollbox_register_pool_policies(register: Callable[[str, type[object]], None]
 
 
 @hookimpl
-def rollbox_register_tasks(register: Callable[[str, object], None]) -> None:
-    register(SyntheticSource.name, SyntheticSource)
-
-
-@hookimpl
 def rollbox_register_commands(register: Callable[[Command], None]) -> None:
     from rollbox import cli
 
     register(Command("run", "Run a command in a fresh sandbox.", cli.configure_run, cli.run))
     register(Command("doctor", "Check that a backend can run here.", cli.configure_doctor,
                      cli.doctor))
-    from rollbox import bench_cli
-
-    register(Command("bench", "Compare baseline and rollbox on a burst of rollouts.",
-                     bench_cli.configure, bench_cli.run))

@@ -27,6 +27,12 @@ codes, ...) are mapped onto this tree at the backend's edge, so callers never se
     └── PoolError
         ├── PoolClosedError             acquire on a pool that is shutting down
         └── AcquireTimeoutError         retryable: no sandbox became free in time
+
+After most sandbox errors the sandbox cannot be trusted: its holder gives it back as
+broken and the pool closes it. ``SANDBOX_SOUND_AFTER`` names the exceptions
+(``ExecTimeoutError``, ``CommandNotFoundError``, ``SandboxFileNotFoundError``): the
+command failed, the sandbox did not, and a reset cleans up after it, so a lease that ends
+with one is released OK and the sandbox is reused.
 """
 
 from __future__ import annotations

@@ -55,11 +55,12 @@ def rollbox_register_pool_policies(register: Callable[[str, type[object]], None]
 
 @hookspec
 def rollbox_register_tasks(register: Callable[[str, object], None]) -> None:
-    """Register task sources (custom environments) by name.
+    """Register environments: task sources, by name.
 
-    Called once per plugin manager, when task sources are first looked up.
-    ``register(name, task_source_factory)``; see ``rollbox.tasks`` for the protocol.
-    Returns nothing.
+    Called each time task sources are looked up (``rollbox.envs.open_task_source``,
+    the Gymnasium adapter's env ids). ``register(name, factory)``; ``factory(**options)``
+    returns a ``rollbox.envs.TaskSource`` whose tasks are ``rollbox.envs.Task``. A name
+    registered twice is a PluginError. Returns nothing.
     """
 
 
@@ -76,17 +77,20 @@ def rollbox_register_commands(register: Callable[[Command], None]) -> None:
 def rollbox_sandbox_created(sandbox_id: str, spec: SandboxSpec, seconds: float) -> None:
     """Observe a sandbox creation by a pool.
 
-    Called after the backend's ``create`` returned, with its duration in seconds.
-    Returns nothing.
+    Called by a pool given this plugin manager (``Pool(backend, plugin_manager=pm)``),
+    once per sandbox it created, after the backend's ``create`` (and the sandbox's
+    ``prepare``) returned; ``seconds`` is how long that took. Returns nothing.
     """
 
 
 @hookspec
 def rollbox_sandbox_failed(error: SandboxError, spec: SandboxSpec) -> None:
-    """Observe a sandbox failure that a pool counted (create, lost, reset, quarantine).
+    """Observe a sandbox failure that a pool counted.
 
-    Called once per counted failure, before the pool recovers from it.
-    Returns nothing.
+    Called by a pool given this plugin manager, once per failure it counts, before it
+    recovers from it: a ``create`` or ``prepare`` that raised (the backend's error), or
+    a sandbox quarantined because it failed its health check before hand-out or its
+    reset after a release (``ResetFailedError``). Returns nothing.
     """
 
 
@@ -94,7 +98,8 @@ def rollbox_sandbox_failed(error: SandboxError, spec: SandboxSpec) -> None:
 def rollbox_rollout_finished(result: RolloutResult) -> None:
     """Observe a rollout that ended, successfully or not (after all its retries).
 
-    Called by the runner once per rollout, when it is given a plugin manager, including
-    rollouts marked ``cancelled`` when a run is interrupted. ``result.failure`` is None
-    on success. Returns nothing.
+    Called by the runner once per rollout when it or its pool is given this plugin
+    manager (``run_rollouts(..., plugin_manager=pm)`` or ``Pool(..., plugin_manager=pm)``),
+    rollouts marked ``cancelled`` when a run is interrupted included. ``result.failure``
+    is None on success. Returns nothing.
     """

@@ -3,7 +3,9 @@
 Importing this module imports neither package; constructing an exporter does, and
 raises ``MissingExtraError`` naming the install command when the package is absent.
 Both exporters are pluggy plugins: ``pm.register(PrometheusExporter())`` and pass ``pm``
-to the runner (``plugin_manager=pm``); they observe through the hook specification.
+to the pool (``Pool(backend, plugin_manager=pm)``: its creations and failures, and the
+rollouts run over it) or to a run (``run_rollouts(..., plugin_manager=pm)``); they observe
+through the hook specification.
 
     pip install "rollbox[prometheus]"   # PrometheusExporter
     pip install "rollbox[otel]"         # OtelSpans
@@ -83,8 +85,10 @@ class PrometheusExporter:
 
 
 class OtelSpans:
-    """One span per finished rollout (``rollbox.rollout``), with its outcome as
-    attributes and an error status on failure."""
+    """Spans of a run: one per finished rollout (``rollbox.rollout``, its outcome as
+    attributes, an error status on failure), one per sandbox a pool created
+    (``rollbox.sandbox.create``, as long as the create took) and one per sandbox failure
+    a pool counted (``rollbox.sandbox.failure``, an error status, the error's kind)."""
 
     def __init__(self, tracer_provider: Any = None) -> None:
         try:
@@ -111,6 +115,29 @@ class OtelSpans:
             attributes["rollbox.retryable"] = result.failure.retryable
         span = self.tracer.start_span("rollbox.rollout", start_time=start, attributes=attributes)
         if result.failure is not None:
-            status = self._trace.Status(self._trace.StatusCode.ERROR, result.failure.message)
-            span.set_status(status)
+            span.set_status(self._error(result.failure.message))
         span.end(end_time=end)
+
+    @hookimpl
+    def rollbox_sandbox_created(self, sandbox_id: str, spec: SandboxSpec, seconds: float) -> None:
+        end = time.time_ns()
+        span = self.tracer.start_span(
+            "rollbox.sandbox.create", start_time=end - int(seconds * 1e9),
+            attributes={"rollbox.sandbox_id": sandbox_id, "rollbox.image": spec.image},
+        )
+        span.end(end_time=end)
+
+    @hookimpl
+    def rollbox_sandbox_failed(self, error: SandboxError, spec: SandboxSpec) -> None:
+        attributes: dict[str, str | bool] = {
+            "rollbox.failure_kind": error.kind, "rollbox.retryable": error.retryable,
+            "rollbox.image": spec.image,
+        }
+        if error.sandbox_id is not None:
+            attributes["rollbox.sandbox_id"] = error.sandbox_id
+        span = self.tracer.start_span("rollbox.sandbox.failure", attributes=attributes)
+        span.set_status(self._error(error.message))
+        span.end()
+
+    def _error(self, message: str) -> Any:
+        return self._trace.Status(self._trace.StatusCode.ERROR, message)

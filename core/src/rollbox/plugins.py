@@ -11,8 +11,9 @@ a plugin with heavy dependencies costs nothing until that backend is used: every
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import pluggy
 
@@ -23,6 +24,7 @@ if TYPE_CHECKING:
     from rollbox.backend import Backend
     from rollbox.cli_commands import Command
     from rollbox.hookspecs import BackendRef
+    from rollbox.metrics import Metrics
 
 T = TypeVar("T")
 
@@ -114,3 +116,20 @@ def commands(pm: pluggy.PluginManager) -> list[Command]:
     if dupes:
         raise PluginError(f"two plugins register the CLI command(s) {sorted(dupes)}")
     return found
+
+
+def notify(pm: pluggy.PluginManager | None, hook: str, metrics: Metrics | None = None,
+           **kwargs: Any) -> None:
+    """Call the observer hook ``hook`` of ``pm`` (nothing without one).
+
+    Observers must not break the pool or run that notifies them: one that raises is
+    counted (``observer_errors`` in ``metrics``) and reported as a RuntimeWarning.
+    """
+    if pm is None:
+        return
+    try:
+        getattr(pm.hook, hook)(**kwargs)
+    except Exception as exc:
+        if metrics is not None:
+            metrics.count("observer_errors")
+        warnings.warn(f"a {hook} observer raised {exc!r}", RuntimeWarning, stacklevel=3)

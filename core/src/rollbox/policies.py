@@ -1,22 +1,74 @@
-"""Warm-pool policies beyond the basic ones in ``rollbox.pool``.
+"""Warm-pool policies: how many sandboxes a pool keeps warm and whether it reuses them.
 
-``none`` and ``static`` live in ``rollbox.pool``; ``lookahead`` lives here. All three are
-registered by core through ``rollbox_register_pool_policies``. The interface a policy
-implements is ``rollbox.pool.PoolPolicy`` plus, optionally, ``in_flight`` (see
-``InFlightAware``); docs/pool-policies.md explains both.
+``PoolPolicy`` is the interface (docs/pool-policies.md); ``none``, ``static`` and
+``lookahead`` are registered by core through ``rollbox_register_pool_policies``. A policy
+may also implement ``in_flight`` (see ``InFlightAware``).
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Mapping, Sequence
-from typing import Protocol, runtime_checkable
+from collections.abc import Iterable, Mapping, Sequence
+from typing import ClassVar, Protocol, runtime_checkable
 
 from rollbox.errors import UsageError
-from rollbox.pool import NoPoolPolicy, PoolPolicy, StaticPoolPolicy
 from rollbox.spec import SandboxSpec
 
-__all__ = ["InFlightAware", "LookaheadPolicy", "NoPoolPolicy", "StaticPoolPolicy"]
+__all__ = ["InFlightAware", "LookaheadPolicy", "NoPoolPolicy", "PoolPolicy", "StaticPoolPolicy"]
+
+
+class PoolPolicy:
+    """Decides how many sandboxes a pool keeps warm and whether it reuses them.
+
+    Subclass and register through ``rollbox_register_pool_policies``. Methods are
+    synchronous and cheap; the pool calls them often.
+    """
+
+    name: ClassVar[str] = "base"
+    reuse: ClassVar[bool] = True
+    counts_leased: ClassVar[bool] = False
+    """True: ``warm_target`` counts leased sandboxes too (a pool of fixed size whose
+    members come back by reset); False: it counts idle ones only (ready on demand)."""
+
+    def warm_target(self, spec: SandboxSpec) -> int:
+        """How many idle sandboxes of ``spec`` the filler should keep ready."""
+        return 0
+
+    def max_idle(self, spec: SandboxSpec) -> int:
+        """How many idle sandboxes of ``spec`` a release may keep (more are closed)."""
+        return 1_000_000
+
+    def upcoming(self, specs: Sequence[SandboxSpec]) -> None:
+        """Hint: specs that will be acquired next, soonest first (lookahead policies)."""
+
+
+class NoPoolPolicy(PoolPolicy):
+    """The baseline: create per acquire, close on release, keep nothing warm."""
+
+    name = "none"
+    reuse = False
+
+    def max_idle(self, spec: SandboxSpec) -> int:
+        return 0
+
+
+class StaticPoolPolicy(PoolPolicy):
+    """``size`` sandboxes per spec that has been asked for, reused by reset: leased ones
+    count, so handing one out does not start a create that its return would make
+    surplus."""
+
+    name = "static"
+    counts_leased = True
+
+    def __init__(self, size: int = 4, specs: Iterable[SandboxSpec] = ()) -> None:
+        self.size = size
+        self.specs = set(specs)
+
+    def warm_target(self, spec: SandboxSpec) -> int:
+        return self.size
+
+    def max_idle(self, spec: SandboxSpec) -> int:
+        return max(self.size, 1)
 
 
 @runtime_checkable

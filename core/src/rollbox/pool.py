@@ -26,89 +26,33 @@ import asyncio
 import contextlib
 import warnings
 from collections import OrderedDict, deque
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from enum import Enum
-from pathlib import Path
-from typing import ClassVar
+from typing import TYPE_CHECKING
 
 from rollbox.backend import Backend, creating_ahead_of_need
 from rollbox.errors import (
-    SANDBOX_SOUND_AFTER,
     AcquireTimeoutError,
     PoolClosedError,
     ResetFailedError,
     RollboxError,
     SandboxError,
-    SandboxLostError,
 )
+from rollbox.lease import Lease, LeaseContext, MeteredSandbox, Outcome
 from rollbox.metrics import Metrics
+from rollbox.plugins import notify
+from rollbox.policies import NoPoolPolicy, PoolPolicy, StaticPoolPolicy
 from rollbox.ratelimit import TokenBucket
-from rollbox.sandbox import ExecRequest, ExecResult, Process, Sandbox, Snapshot
+from rollbox.sandbox import Sandbox
 from rollbox.spec import SandboxSpec
 
+if TYPE_CHECKING:
+    import pluggy
+
+__all__ = ["Lease", "MeteredSandbox", "NoPoolPolicy", "Outcome", "Pool", "PoolPolicy",
+           "Quarantined", "StaticPoolPolicy"]
+
 FailureObserver = Callable[[SandboxError, SandboxSpec], None]
-
-
-class Outcome(str, Enum):
-    """How the holder of a lease leaves the sandbox."""
-
-    OK = "ok"  # reusable after a reset
-    BROKEN = "broken"  # do not trust it: close it
-
-
-class PoolPolicy:
-    """Decides how many sandboxes a pool keeps warm and whether it reuses them.
-
-    Subclass and register through ``rollbox_register_pool_policies``. Methods are
-    synchronous and cheap; the pool calls them often.
-    """
-
-    name: ClassVar[str] = "base"
-    reuse: ClassVar[bool] = True
-    counts_leased: ClassVar[bool] = False
-    """True: ``warm_target`` counts leased sandboxes too (a pool of fixed size whose
-    members come back by reset); False: it counts idle ones only (ready on demand)."""
-
-    def warm_target(self, spec: SandboxSpec) -> int:
-        """How many idle sandboxes of ``spec`` the filler should keep ready."""
-        return 0
-
-    def max_idle(self, spec: SandboxSpec) -> int:
-        """How many idle sandboxes of ``spec`` a release may keep (more are closed)."""
-        return 1_000_000
-
-    def upcoming(self, specs: Sequence[SandboxSpec]) -> None:
-        """Hint: specs that will be acquired next, soonest first (lookahead policies)."""
-
-
-class NoPoolPolicy(PoolPolicy):
-    """The baseline: create per acquire, close on release, keep nothing warm."""
-
-    name = "none"
-    reuse = False
-
-    def max_idle(self, spec: SandboxSpec) -> int:
-        return 0
-
-
-class StaticPoolPolicy(PoolPolicy):
-    """``size`` sandboxes per spec that has been asked for, reused by reset: leased ones
-    count, so handing one out does not start a create that its return would make
-    surplus."""
-
-    name = "static"
-    counts_leased = True
-
-    def __init__(self, size: int = 4, specs: Iterable[SandboxSpec] = ()) -> None:
-        self.size = size
-        self.specs = set(specs)
-
-    def warm_target(self, spec: SandboxSpec) -> int:
-        return self.size
-
-    def max_idle(self, spec: SandboxSpec) -> int:
-        return max(self.size, 1)
 
 
 @dataclass
@@ -145,6 +89,7 @@ class Pool:
         prepare: bool = True,
         metrics: Metrics | None = None,
         on_failure: FailureObserver | None = None,
+        plugin_manager: pluggy.PluginManager | None = None,
     ) -> None:
         self.backend = backend
         self.policy = policy or StaticPoolPolicy(size=0)
@@ -157,6 +102,10 @@ class Pool:
         can (e.g. thousands held in reserve) at the cost of a slower first command."""
         self.metrics = metrics or Metrics()
         self.on_failure = on_failure
+        self.plugin_manager = plugin_manager
+        """Observers of this pool's creations and failures (``rollbox_sandbox_created``,
+        ``rollbox_sandbox_failed``) and, unless a run is given its own, of the rollouts
+        run over it (``rollbox_rollout_finished``)."""
         self.quarantined: deque[Quarantined] = deque(maxlen=1000)
         self._specs: dict[SandboxSpec, _SpecState] = {}
         self._lru: OrderedDict[Sandbox, SandboxSpec] = OrderedDict()  # idle, oldest first
@@ -208,10 +157,10 @@ class Pool:
         self._kick(spec)
         return Lease(self, sandbox, spec, requested)
 
-    def lease(self, spec: SandboxSpec, *, timeout: float | None = None) -> _LeaseContext:
+    def lease(self, spec: SandboxSpec, *, timeout: float | None = None) -> LeaseContext:
         """``async with pool.lease(spec) as sandbox:`` — released on exit (broken if a
         SandboxError escaped)."""
-        return _LeaseContext(self, spec, timeout)
+        return LeaseContext(self, spec, timeout)
 
     async def release(self, lease: Lease, outcome: Outcome = Outcome.OK) -> None:
         """Give a lease back. OK sandboxes are reset in place and kept warm."""
@@ -354,9 +303,12 @@ class Pool:
                         self._count_failure(error, spec)
                     await self._close(sandbox)
                     raise
-            self.metrics.observe("create", loop.time() - started)
+            seconds = loop.time() - started
+            self.metrics.observe("create", seconds)
             self.metrics.count("creations")
             self.metrics.count("mutations")
+            notify(self.plugin_manager, "rollbox_sandbox_created", self.metrics,
+                   sandbox_id=sandbox.id, spec=spec, seconds=seconds)
             if self._closed:
                 await self._close(sandbox)
                 raise PoolClosedError("the pool closed while a sandbox was being created")
@@ -394,6 +346,8 @@ class Pool:
 
     def _count_failure(self, error: SandboxError, spec: SandboxSpec) -> None:
         self.metrics.failure(error)
+        notify(self.plugin_manager, "rollbox_sandbox_failed", self.metrics,
+               error=error, spec=spec)
         if self.on_failure is not None:
             self.on_failure(error, spec)
 
@@ -470,95 +424,3 @@ class Pool:
             await self._notify_room()
 
 
-class Lease:
-    """A sandbox on loan from a pool. ``sandbox`` records TTFC and exec latency."""
-
-    def __init__(self, pool: Pool, sandbox: Sandbox, spec: SandboxSpec, requested: float) -> None:
-        self.pool = pool
-        self.raw = sandbox
-        self.spec = spec
-        self.requested = requested
-        self.released = False
-        self.sandbox: Sandbox = MeteredSandbox(self)
-
-    async def release(self, outcome: Outcome = Outcome.OK) -> None:
-        await self.pool.release(self, outcome)
-
-
-class MeteredSandbox(Sandbox):
-    """A leased sandbox: delegates to the real one and reports timings to the pool."""
-
-    def __init__(self, lease: Lease) -> None:
-        super().__init__(lease.raw.id, lease.spec)
-        self._lease = lease
-        self._first = True
-
-    @property
-    def _inner(self) -> Sandbox:
-        if self._lease.released:
-            raise SandboxLostError(
-                f"lease on sandbox {self.id} was released; acquire a new one", sandbox_id=self.id
-            )
-        return self._lease.raw
-
-    async def run(self, request: ExecRequest) -> ExecResult:
-        inner = self._inner
-        metrics = self._lease.pool.metrics
-        loop = asyncio.get_running_loop()
-        started = loop.time()
-        try:
-            return await inner.run(request)
-        finally:
-            now = loop.time()
-            metrics.observe("exec", now - started)
-            if self._first:
-                self._first = False
-                metrics.observe("ttfc", now - self._lease.requested)
-
-    async def start(self, request: ExecRequest) -> Process:
-        return await self._inner.start(request)
-
-    async def read_file(self, path: str) -> bytes:
-        return await self._inner.read_file(path)
-
-    async def write_file(self, path: str, data: bytes, *, mode: int = 0o644) -> None:
-        await self._inner.write_file(path, data, mode=mode)
-
-    async def upload(self, local: str | Path, remote: str) -> None:
-        await self._inner.upload(local, remote)
-
-    async def download(self, remote: str, local: str | Path) -> None:
-        await self._inner.download(remote, local)
-
-    async def reset(self) -> None:
-        await self._inner.reset()
-
-    async def snapshot(self) -> Snapshot:
-        return await self._inner.snapshot()
-
-    async def ping(self) -> bool:
-        return await self._inner.ping()
-
-    async def prepare(self) -> None:
-        await self._inner.prepare()
-
-    async def close(self) -> None:
-        """Closing a leased sandbox gives it back as broken."""
-        await self._lease.release(Outcome.BROKEN)
-
-
-class _LeaseContext:
-    def __init__(self, pool: Pool, spec: SandboxSpec, timeout: float | None) -> None:
-        self._pool, self._spec, self._timeout = pool, spec, timeout
-        self._lease: Lease | None = None
-
-    async def __aenter__(self) -> Sandbox:
-        self._lease = await self._pool.acquire(self._spec, timeout=self._timeout)
-        return self._lease.sandbox
-
-    async def __aexit__(self, exc_type: type[BaseException] | None, *rest: object) -> None:
-        assert self._lease is not None
-        broken = exc_type is not None and issubclass(exc_type, SandboxError) and not issubclass(
-            exc_type, SANDBOX_SOUND_AFTER
-        )
-        await self._lease.release(Outcome.BROKEN if broken else Outcome.OK)

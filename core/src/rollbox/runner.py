@@ -5,7 +5,8 @@ Data flow::
     tasks x rollouts_per_task ─► scheduler (task order, ≤ task_parallelism in flight per task)
         │  each dispatch: policy.in_flight(...) + pool.upcoming(next pending specs)  (lookahead)
         ▼
-    attempt: pool.acquire ─► rollout_fn(sandbox, task, index) ─► validate ─► pool.release
+    attempt: pool.acquire ─► task.setup ─► rollout_fn(sandbox, task, index) ─► validate
+             ─► pool.release
         │  retryable failure ─► release BROKEN, back off (asyncio.sleep), fresh sandbox
         ▼
     RolloutResult (success | failure kind/message/retryable, attempts) ─► group policy,
@@ -29,12 +30,14 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
+from rollbox.envs import RolloutFn, Task
 from rollbox.errors import (
     SANDBOX_SOUND_AFTER,
     RollboxError,
     SandboxError,
     UsageError,
 )
+from rollbox.plugins import notify
 from rollbox.pool import Lease, Outcome, Pool
 from rollbox.results import (
     CANCELLED,
@@ -48,7 +51,6 @@ from rollbox.results import (
     RunReport,
 )
 from rollbox.spec import SandboxSpec
-from rollbox.tasks import RolloutFn, Task
 
 if TYPE_CHECKING:
     import pluggy
@@ -133,12 +135,12 @@ async def run_rollouts(
 ) -> RunReport:
     """Run ``rollouts_per_task`` rollouts of every task and return the report.
 
-    ``rollout_fn`` defaults to each task's own ``policy``. ``lookahead`` is how many
-    pending tasks the pool hears about ahead of need (default ``2 * concurrency``;
-    0 disables hints). ``task_parallelism`` caps a task's rollouts in flight at once
-    (default: spread ``concurrency`` over the tasks, at least 1). On cancellation,
-    outstanding rollouts are cancelled, their sandboxes released, and ``RunCancelled``
-    carrying the partial report is raised.
+    Each attempt runs ``task.setup`` on its sandbox, then ``rollout_fn`` (default: each
+    task's own ``policy``). ``lookahead`` is how many pending tasks the pool hears about
+    ahead of need (default ``2 * concurrency``; 0 disables hints). ``task_parallelism``
+    caps a task's rollouts in flight at once (default: spread ``concurrency`` over the
+    tasks, at least 1). On cancellation, outstanding rollouts are cancelled, their
+    sandboxes released, and ``RunCancelled`` carrying the partial report is raised.
     """
     runner = _Runner(
         pool, list(tasks), rollouts_per_task, rollout_fn,
@@ -275,7 +277,7 @@ class _Runner:
         self.lookahead = 2 * concurrency if lookahead is None else max(0, lookahead)
         cap = task_parallelism or max(1, concurrency // max(1, len(tasks)))
         self.scheduler = _Scheduler(tasks, rollouts_per_task, cap)
-        self.plugin_manager = plugin_manager
+        self.plugin_manager = plugin_manager or pool.plugin_manager
         self.on_result = on_result
         self.results: dict[tuple[int, int], RolloutResult] = {}
         self.attempts: Counter[tuple[int, int]] = Counter()
@@ -374,6 +376,7 @@ class _Runner:
         try:
             try:
                 async with asyncio.timeout(self.rollout_timeout_s) as deadline:
+                    await task.setup(lease.sandbox)
                     raw = await fn(lease.sandbox, task, index)
             except TimeoutError as exc:
                 if deadline.expired():
@@ -440,13 +443,8 @@ class _Runner:
             self.masked.add(result.task_id)
         if self.on_result is not None:
             self.on_result(result)
-        if self.plugin_manager is not None:
-            try:
-                self.plugin_manager.hook.rollbox_rollout_finished(result=result)
-            except Exception as exc:  # observers must not break a run
-                self.pool.metrics.count("observer_errors")
-                warnings.warn(f"a rollbox_rollout_finished observer raised {exc!r}",
-                              RuntimeWarning, stacklevel=1)
+        notify(self.plugin_manager, "rollbox_rollout_finished", self.pool.metrics,
+               result=result)
 
     def _cancel_rest(self) -> None:
         """Every rollout without a result becomes a failure of kind ``cancelled``."""

@@ -4,7 +4,8 @@ A backend subclasses ``Sandbox`` and implements a handful of ``_``-free abstract
 (``run``, ``start``, ``read_file``, ``write_file``, ``reset``, ``close``); the public
 ``exec``/``stream`` normalise arguments once, here, so every backend sees the same
 ``ExecRequest``: an argv, a full environment, a timeout and an output cap that are
-always set.
+always set. A class that adds behaviour to a sandbox it wraps (metering, faults)
+subclasses ``rollbox.wrappers.SandboxWrapper``, which forwards all of this.
 """
 
 from __future__ import annotations
@@ -140,11 +141,62 @@ class Sandbox(ABC):
 
     @abstractmethod
     async def run(self, request: ExecRequest) -> ExecResult:
-        """Run to completion. Kill the whole process tree and raise ExecTimeoutError on
-        timeout; raise SandboxLostError if the sandbox dies meanwhile."""
+        """Run one command to completion and return how it ended.
+
+        This is the method every backend implements and every caller's ``exec`` ends in
+        (through any wrappers). ``request`` is fully resolved (``Sandbox.request``):
+
+        * ``argv``: the program and its arguments, run as given: no shell is added (a
+          string command arrives as ``/bin/sh -c ...``). ``argv[0]`` is looked up on the
+          ``PATH`` of ``env``.
+        * ``cwd``: an absolute, normalised path inside the sandbox to start in.
+        * ``env``: the command's whole environment (image, spec, call, defaults merged):
+          use exactly this, nothing of the host's or the backend's own.
+        * ``stdin``: bytes written to the command, then end of file; ``None`` means end
+          of file at once (never the backend's own stdin).
+        * ``timeout_s``: wall-clock limit of the command.
+        * ``output_limit``: bytes kept per stream; more is read and dropped (the
+          command never blocks on a full pipe) and flagged ``stdout_truncated`` /
+          ``stderr_truncated``.
+
+        Returns an ``ExecResult``: stdout and stderr kept apart, as bytes; ``exit_code``
+        as the program returned it, or -N when signal N killed it (128+N on backends
+        without ``signal_exit_codes``); ``duration_s``. A non-zero exit is a result,
+        never an error.
+
+        Raises (only errors of ``rollbox.errors``, backend-native ones mapped):
+
+        * ``ExecTimeoutError`` past ``timeout_s``, after the whole process tree the
+          command started (daemons included) was killed; it carries the output so far.
+          The sandbox stays usable.
+        * ``CommandNotFoundError`` when ``argv[0]`` does not exist in the image;
+          ``SandboxFileNotFoundError`` when ``cwd`` does not (a backend that changes
+          directory through a shell may report that shell's failure as the exit code).
+        * ``SandboxLostError`` (retryable) when the sandbox died or was closed, before
+          or while the command ran; never a made-up exit code.
+
+        Many ``run`` calls may be in flight on one sandbox at once, each with its own
+        output. A cancelled ``run`` must not leave its command behind: the backend kills
+        the tree (the local backend before the cancellation propagates).
+        """
 
     async def start(self, request: ExecRequest) -> Process:
-        """Start a command for streaming. Backends with ``streaming`` override this."""
+        """Start one command and return it running, for streaming and signals.
+
+        The streaming twin of ``run`` (what ``stream`` ends in), for backends that
+        declare ``streaming``; the default raises ``CapabilityNotSupportedError``.
+        ``request`` means what it means for ``run``, except that ``stdin`` is written by
+        the caller through ``Process.write_stdin``/``close_stdin``.
+
+        The returned ``Process`` yields ``OutputChunk``s as the command writes them,
+        each tagged ``stdout`` or ``stderr``, until both streams close (at most
+        ``output_limit`` bytes per stream); ``send_signal`` signals the command's
+        process group (backends with ``signals``); ``wait`` returns the exit code as
+        ``run`` reports it, or raises ``ExecTimeoutError`` past ``timeout_s`` (the tree
+        killed) or ``SandboxLostError`` if the sandbox died. ``start`` itself raises
+        what ``run`` raises before a command runs (``CommandNotFoundError`` may also
+        come from ``wait``).
+        """
         raise CapabilityNotSupportedError(f"{type(self).__name__} does not support streaming")
 
     @abstractmethod

@@ -1,4 +1,4 @@
-"""rollbox sandboxes as gymnasium environments.
+"""rollbox environments as gymnasium environments: a translation of ``rollbox.envs``.
 
     import gymnasium
     import rollbox_gymnasium  # registers rollbox/Shell-v0, rollbox/SWE-v0, ...
@@ -12,26 +12,19 @@ See docs/gymnasium.md for spaces, failures, the vector env and the shared event 
 
 from __future__ import annotations
 
+from rollbox.envs.bridge import shutdown
+
 from rollbox_gymnasium.env import SandboxEnv
 from rollbox_gymnasium.registration import env_id, register_envs, register_source
-from rollbox_gymnasium.runtime import shutdown
-from rollbox_gymnasium.shell import ShellTask, ShellTaskSource
 from rollbox_gymnasium.spaces import SAMPLE_CHARSET, UnicodeText
-from rollbox_gymnasium.tasks import EnvTask, EnvTaskSource, Judgement, StepOutcome
 from rollbox_gymnasium.vector import SandboxVectorEnv
 
 register_envs()
 
 __all__ = [
     "SAMPLE_CHARSET",
-    "EnvTask",
-    "EnvTaskSource",
-    "Judgement",
     "SandboxEnv",
     "SandboxVectorEnv",
-    "ShellTask",
-    "ShellTaskSource",
-    "StepOutcome",
     "UnicodeText",
     "env_id",
     "register_envs",

@@ -1,16 +1,17 @@
-"""``SandboxEnv``: a gymnasium.Env whose actions are shell commands run in a sandbox.
+"""``SandboxEnv``: a gymnasium.Env over rollbox's environment contract.
 
-    reset(seed)  ─► pick a task (env RNG, or options["task_id"]) ─► the held sandbox,
-                    reset in place if its spec fits, else one leased from the shared pool
-                    ─► task.setup ─► observation = the task's prompt
-    step(cmd)    ─► sandbox.exec(cmd) ─► task.judge ─► (output text, reward, terminated,
-                    truncated at max_steps, info: exit code, duration, truncation)
-                    a SandboxError anywhere in it ─► truncated, reward 0.0,
-                    info["failure_kind"], info["retryable"]; the sandbox goes back broken
+A translation of ``rollbox.envs.Session`` onto gymnasium's API:
+
+    reset(seed)  ─► pick a task (env RNG, or options["task_id"]) ─► session.start(task)
+                    ─► observation = the task's prompt
+    step(cmd)    ─► session.step(cmd) ─► (output text, reward, terminated, truncated,
+                    info: exit code, duration, truncation; on a sandbox failure
+                    info["failure_kind"], info["retryable"], truncated, reward 0.0)
 
 The sync methods submit coroutines to the process's one loop thread
-(``rollbox_gymnasium.runtime``); ``SandboxVectorEnv`` awaits the same coroutines
-(``_areset``/``_astep``) for many envs at once.
+(``rollbox.envs.bridge``); ``SandboxVectorEnv`` awaits the same coroutines
+(``_areset``/``_astep``) for many envs at once. Envs of one process with equal backend
+and options share one pool (``rollbox.envs.pools``).
 """
 
 from __future__ import annotations
@@ -20,37 +21,28 @@ from typing import Any, SupportsFloat
 
 import gymnasium
 from rollbox.backend import Backend
-from rollbox.errors import (
-    SANDBOX_SOUND_AFTER,
-    ExecTimeoutError,
-    RollboxError,
-    SandboxError,
-    UsageError,
-)
-from rollbox.pool import Lease, Outcome
-from rollbox.sandbox import ExecResult, Sandbox
+from rollbox.envs import Session, Task, TaskSource, Transition, load_tasks
+from rollbox.envs.pools import SharedPool, registry
+from rollbox.errors import RollboxError, UsageError
+from rollbox.sandbox import Sandbox
 
 from rollbox_gymnasium.observation import clean, render_result, truncate
-from rollbox_gymnasium.pools import SharedPool, registry
 from rollbox_gymnasium.spaces import (
     DEFAULT_MAX_ACTION_CHARS,
     DEFAULT_MAX_OBSERVATION_CHARS,
     UnicodeText,
-    is_sandbox_text,
 )
-from rollbox_gymnasium.tasks import EnvTask, EnvTaskSource, StepOutcome, resolve_task_source
 
 StepReturn = tuple[str, SupportsFloat, bool, bool, dict[str, Any]]
-
-# Failures after which the sandbox itself is still sound (a reset cleans up after them).
 
 
 class SandboxEnv(gymnasium.Env[str, str]):
     """A sandboxed shell episode over one task.
 
     Args:
-        task_source: a task source name (``"shell"``, or one registered through rollbox's
-            ``rollbox_register_tasks`` hook) or an ``EnvTaskSource`` object.
+        task_source: the name of an environment registered through rollbox's
+            ``rollbox_register_tasks`` hook (``"shell"``, ``"synthetic"``, a plugin's), or
+            a ``rollbox.envs.TaskSource`` object.
         task_options: keyword arguments for the named task source's factory.
         backend: a backend name or instance; ``None`` opens ``$ROLLBOX_BACKEND``, else
             ``local`` (bubblewrap on this machine). ``"fake"`` is core's in-memory backend.
@@ -71,7 +63,7 @@ class SandboxEnv(gymnasium.Env[str, str]):
 
     def __init__(
         self,
-        task_source: str | EnvTaskSource = "shell",
+        task_source: str | TaskSource = "shell",
         *,
         task_options: Mapping[str, Any] | None = None,
         backend: str | Backend | None = None,
@@ -90,13 +82,8 @@ class SandboxEnv(gymnasium.Env[str, str]):
         if max_steps is not None and max_steps < 1:
             raise UsageError(f"max_steps must be at least 1, got {max_steps}")
         self.render_mode = render_mode
-        self.source = resolve_task_source(task_source, task_options)
-        self.tasks = self.source.tasks()
-        self.max_steps = max_steps
+        self.tasks: list[Task] = load_tasks(task_source, task_options)
         self.max_observation_chars = max_observation_chars
-        self.step_timeout_s = step_timeout_s
-        self.acquire_timeout_s = acquire_timeout_s
-        self.reset_retries = reset_retries
         self.action_space = UnicodeText(max_action_chars)
         self.observation_space = UnicodeText(max_observation_chars)
         self._thread, pools = registry()
@@ -104,10 +91,9 @@ class SandboxEnv(gymnasium.Env[str, str]):
             pools.attach(backend, backend_options or {}, pool_options or {})
         )
         self._pools = pools
-        self._lease: Lease | None = None
-        self._dirty = False
-        self._task: EnvTask | None = None
-        self._steps = 0
+        self._session = Session(self._shared.pool, max_steps=max_steps,
+                                step_timeout_s=step_timeout_s,
+                                acquire_timeout_s=acquire_timeout_s, reset_retries=reset_retries)
         self._last = ""
 
     # -- gymnasium API ---------------------------------------------------------------
@@ -137,13 +123,17 @@ class SandboxEnv(gymnasium.Env[str, str]):
     @property
     def sandbox(self) -> Sandbox | None:
         """The sandbox of the current episode, if any."""
-        return self._lease.sandbox if self._lease is not None else None
+        return self._session.sandbox
 
     @property
-    def task(self) -> EnvTask | None:
-        return self._task
+    def task(self) -> Task | None:
+        return self._session.task
 
-    def _prepare_reset(self, seed: int | None, options: dict[str, Any] | None) -> EnvTask:
+    @property
+    def max_steps(self) -> int | None:
+        return self._session.max_steps
+
+    def _prepare_reset(self, seed: int | None, options: dict[str, Any] | None) -> Task:
         """Seed the RNG and pick the task (synchronous, so RNG use stays in order)."""
         super().reset(seed=seed)
         options = options or {}
@@ -156,129 +146,65 @@ class SandboxEnv(gymnasium.Env[str, str]):
             return self.tasks[int(options["task_index"])]
         return self.tasks[int(self.np_random.integers(len(self.tasks)))]
 
-    async def _areset(self, task: EnvTask) -> tuple[str, dict[str, Any]]:
-        attempts = 0
-        while True:
-            attempts += 1
-            try:
-                reused = await self._obtain(task)
-                assert self._lease is not None
-                self._dirty = True
-                await task.setup(self._lease.sandbox)
-                break
-            except RollboxError as error:
-                if isinstance(error, SandboxError):
-                    await self._drop(error)
-                if not error.retryable or attempts > self.reset_retries:
-                    raise
-        self._task = task
-        self._steps = 0
-        text, _ = truncate(clean(task.prompt), self.max_observation_chars)
+    async def _areset(self, task: Task) -> tuple[str, dict[str, Any]]:
+        if self._shared is None:
+            raise UsageError("this env is closed; make a new one")
+        started = await self._session.start(task)
+        text, _ = truncate(clean(started.prompt), self.max_observation_chars)
         self._last = text
         return text, {
             "task_id": task.id,
-            "sandbox_id": self._lease.sandbox.id,
-            "reused_sandbox": reused,
-            "attempts": attempts,
+            "sandbox_id": started.sandbox_id,
+            "reused_sandbox": started.reused_sandbox,
+            "attempts": started.attempts,
         }
 
     async def _astep(self, action: str) -> StepReturn:
-        if not isinstance(action, str) or not is_sandbox_text(action):
-            raise UsageError("an action must be a str without NUL that encodes as UTF-8")
-        if self._lease is None or self._task is None:
+        task, sandbox = self._session.task, self._session.sandbox
+        if task is None or sandbox is None:
             raise UsageError("call reset() before step() (and after an episode ended)")
-        task, sandbox = self._task, self._lease.sandbox
-        self._steps += 1
-        try:
-            try:
-                result = await sandbox.exec(action, timeout=self.step_timeout_s)
-                timed_out = False
-            except ExecTimeoutError as timeout:
-                result = ExecResult(-9, timeout.stdout, timeout.stderr, timeout.timeout_s)
-                timed_out = True
-            self._dirty = True
-            judgement = await task.judge(sandbox, StepOutcome(action, result, timed_out))
-        except SandboxError as error:
-            return await self._fail(error)
-        rendered = render_result(result, self.max_observation_chars, timed_out=timed_out)
-        self._last = rendered.text
-        info: dict[str, Any] = {
-            "exit_code": result.exit_code,
-            "duration_s": result.duration_s,
-            "timed_out": timed_out,
-            "output_truncated": rendered.truncated,
-            "output_chars": rendered.chars,
-            "task_id": task.id,
-            "sandbox_id": sandbox.id,
-            "step": self._steps,
-        }
-        if judgement.info:
-            info["verifier"] = dict(judgement.info)
-        terminated = bool(judgement.terminated)
-        truncated = (
-            not terminated and self.max_steps is not None and self._steps >= self.max_steps
-        )
-        return rendered.text, float(judgement.reward), terminated, truncated, info
+        return self._translate(await self._session.step(action), task.id, sandbox.id)
+
+    async def _afail(self, error: RollboxError, task_id: str | None) -> StepReturn:
+        """The step tuple of an episode ended by ``error`` (a reset that failed)."""
+        return self._translate(await self._session.fail(error), task_id, None)
 
     async def _aclose(self) -> None:
         try:
-            if self._lease is not None:
-                lease, self._lease = self._lease, None
-                await lease.release(Outcome.OK)
+            await self._session.close()
         finally:
             if self._shared is not None:
                 await self._pools.detach(self._shared)
 
-    # -- internals -------------------------------------------------------------------
-
-    async def _obtain(self, task: EnvTask) -> bool:
-        """Hold a clean sandbox of ``task.spec``; True when the held one was reused."""
-        lease = self._lease
-        if lease is not None and lease.spec == task.spec:
-            if not self._dirty:
-                return True
-            try:
-                await lease.sandbox.reset()
-                return True
-            except SandboxError:
-                self._lease = None
-                await lease.release(Outcome.BROKEN)
-        elif lease is not None:
-            self._lease = None
-            await lease.release(Outcome.OK)
-        if self._shared is None:
-            raise UsageError("this env is closed; make a new one")
-        self._lease = await self._shared.pool.acquire(task.spec, timeout=self.acquire_timeout_s)
-        self._dirty = False
-        return False
-
-    async def _drop(self, error: SandboxError) -> None:
-        if self._lease is not None:
-            lease, self._lease = self._lease, None
-            ok = isinstance(error, SANDBOX_SOUND_AFTER)
-            await lease.release(Outcome.OK if ok else Outcome.BROKEN)
-
-    async def _fail(self, error: SandboxError) -> StepReturn:
-        """End the episode truncated: a failed sandbox is never a zero-reward outcome."""
-        task_id = self._task.id if self._task is not None else None
-        sandbox_id = error.sandbox_id or (self._lease.sandbox.id if self._lease else None)
-        await self._drop(error)
-        return self._failure(error, task_id, sandbox_id)
-
-    def _failure(
-        self, error: RollboxError, task_id: str | None, sandbox_id: str | None = None
-    ) -> StepReturn:
-        """The step tuple of an episode ended by ``error``: truncated, reward 0.0."""
-        self._task = None
-        text = clean(f"[rollbox: the sandbox failed ({error.kind}): {error.message}]")
-        text, _ = truncate(text, self.max_observation_chars)
-        self._last = text
+    def _translate(self, transition: Transition, task_id: str | None,
+                   sandbox_id: str | None) -> StepReturn:
+        error, outcome = transition.failure, transition.step
+        if error is not None or outcome is None:
+            assert error is not None
+            text = clean(f"[rollbox: the sandbox failed ({error.kind}): {error.message}]")
+            self._last, _ = truncate(text, self.max_observation_chars)
+            return self._last, 0.0, False, True, {
+                "failure_kind": error.kind,
+                "retryable": error.retryable,
+                "error": error.message,
+                "task_id": task_id,
+                "sandbox_id": getattr(error, "sandbox_id", None) or sandbox_id,
+                "step": transition.steps,
+            }
+        result = outcome.result
+        rendered = render_result(result, self.max_observation_chars, timed_out=outcome.timed_out)
+        self._last = rendered.text
         info: dict[str, Any] = {
-            "failure_kind": error.kind,
-            "retryable": error.retryable,
-            "error": error.message,
+            "exit_code": result.exit_code,
+            "duration_s": result.duration_s,
+            "timed_out": outcome.timed_out,
+            "output_truncated": rendered.truncated,
+            "output_chars": rendered.chars,
             "task_id": task_id,
             "sandbox_id": sandbox_id,
-            "step": self._steps,
+            "step": transition.steps,
         }
-        return text, 0.0, False, True, info
+        if transition.info:
+            info["verifier"] = dict(transition.info)
+        return (rendered.text, transition.reward, transition.terminated, transition.truncated,
+                info)

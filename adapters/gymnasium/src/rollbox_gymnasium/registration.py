@@ -1,4 +1,4 @@
-"""Env ids: ``rollbox/Shell-v0``, ``rollbox/SWE-v0``, and one per rollbox task source.
+"""Env ids: one per environment registered with rollbox (``rollbox_register_tasks``).
 
 ``register_envs()`` runs when ``rollbox_gymnasium`` is imported, and is also declared as
 the package's ``gymnasium.envs`` entry point. Gymnasium 1.x itself no longer loads that
@@ -9,8 +9,9 @@ entry-point group, so with it the ids exist once ``rollbox_gymnasium`` is import
     # or, without an import statement (gymnasium imports the module named before ":"):
     env = gymnasium.make("rollbox_gymnasium:rollbox/Shell-v0")
 
-Every task source a rollbox plugin registers (``rollbox_register_tasks``) gets the id
-``rollbox/<CamelName>-v0``: ``my_tasks`` becomes ``rollbox/MyTasks-v0``.
+Every task source registered through ``rollbox_register_tasks`` gets the id
+``rollbox/<CamelName>-v0``: ``my_tasks`` becomes ``rollbox/MyTasks-v0``; the ones rollbox
+ships are ``rollbox/Shell-v0`` (``shell``) and ``rollbox/SWE-v0`` (``synthetic``).
 """
 
 from __future__ import annotations
@@ -19,9 +20,9 @@ import re
 import warnings
 
 import gymnasium
+from rollbox import plugins
+from rollbox.envs import TaskSource
 from rollbox.errors import RollboxError
-
-from rollbox_gymnasium.tasks import plugin_sources
 
 NAMESPACE = "rollbox"
 ENTRY_POINT = "rollbox_gymnasium.env:SandboxEnv"
@@ -44,9 +45,13 @@ def env_id(source: str) -> str:
     return f"{NAMESPACE}/{env_name(source)}-v0"
 
 
-def register_source(source: str, *, max_episode_steps: int = DEFAULT_MAX_EPISODE_STEPS) -> str:
-    """Register the env id of task source ``source`` (once) and return it."""
-    id_ = env_id(source)
+def register_source(source: str | TaskSource, *,
+                    max_episode_steps: int = DEFAULT_MAX_EPISODE_STEPS) -> str:
+    """Register the env id of ``source`` (once) and return it: a registered environment's
+    name, or a ``TaskSource`` object (its ``name`` gives the id; ``gymnasium.make`` then
+    needs no plugin installed)."""
+    name = source if isinstance(source, str) else source.name
+    id_ = env_id(name)
     if id_ not in gymnasium.registry:
         gymnasium.register(
             id=id_,
@@ -62,12 +67,11 @@ def register_source(source: str, *, max_episode_steps: int = DEFAULT_MAX_EPISODE
 
 
 def register_envs() -> list[str]:
-    """Register every rollbox env id; idempotent. Returns the ids."""
-    ids = [register_source("shell"), register_source("synthetic")]
+    """Register an env id for every registered rollbox environment; idempotent.
+    Returns the ids."""
     try:
-        sources = plugin_sources()
+        sources = plugins.task_sources(plugins.get_plugin_manager())
     except RollboxError as error:
         warnings.warn(f"rollbox task sources could not be listed: {error}", stacklevel=2)
         sources = {}
-    ids += [register_source(name) for name in sorted(sources) if name not in ("shell",)]
-    return list(dict.fromkeys(ids))
+    return [register_source(name) for name in sorted(sources)]

@@ -19,6 +19,7 @@ import string
 from typing import Any
 
 from gymnasium.spaces import Text
+from rollbox.envs import is_sandbox_text
 
 SAMPLE_CHARSET: str = "".join(
     dict.fromkeys(
@@ -35,17 +36,6 @@ SAMPLE_CHARSET: str = "".join(
 
 DEFAULT_MAX_ACTION_CHARS = 16_384
 DEFAULT_MAX_OBSERVATION_CHARS = 8_192
-
-
-def is_sandbox_text(value: str) -> bool:
-    """True when ``value`` can be passed to and shown from a sandbox unchanged."""
-    if "\0" in value:
-        return False
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
 
 
 class UnicodeText(Text):

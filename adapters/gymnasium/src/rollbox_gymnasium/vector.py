@@ -26,10 +26,10 @@ from typing import Any
 import numpy as np
 from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.vector.utils import batch_space
+from rollbox.envs import Task
 from rollbox.errors import RollboxError, UsageError
 
 from rollbox_gymnasium.env import SandboxEnv, StepReturn
-from rollbox_gymnasium.tasks import EnvTask
 
 Obs = tuple[str, ...]
 
@@ -129,19 +129,19 @@ class SandboxVectorEnv(VectorEnv[Obs, Obs, np.ndarray]):
         return seeds
 
     @property
-    def tasks(self) -> list[EnvTask | None]:
+    def tasks(self) -> list[Task | None]:
         """The current task of each sub-env."""
         return [env.task for env in self.envs]
 
 
-async def _reset(env: SandboxEnv, task: EnvTask) -> StepReturn:
+async def _reset(env: SandboxEnv, task: Task) -> StepReturn:
     """Reset one sub-env, shaped as a step; a failure is reported, not raised."""
     try:
         obs, info = await env._areset(task)
     except RollboxError as error:
         if isinstance(error, UsageError):
             raise
-        return env._failure(error, task.id)
+        return await env._afail(error, task.id)
     return obs, 0.0, False, False, info
 
 

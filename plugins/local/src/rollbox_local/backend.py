@@ -30,7 +30,8 @@ from rollbox.spec import SandboxSpec
 
 from rollbox_local import doctor as doctor_checks
 from rollbox_local.bwrap import Bwrap, find_bwrap, write_etc
-from rollbox_local.images import Image, ImageStore, _capacity_from_env
+from rollbox_local.image_capacity import capacity_from_env
+from rollbox_local.images import Image, ImageStore
 from rollbox_local.layers import copy_layer, remove_tree
 from rollbox_local.paths import default_home, sandbox_ids, unreachable_by
 from rollbox_local.sandbox import LocalSandbox
@@ -74,7 +75,7 @@ class LocalBackend(Backend):
         write_etc(self.etc_dir)
         if self.ids is not None:
             self._check_reachable()
-        capacity = image_capacity_bytes or _capacity_from_env()  # UsageError if malformed
+        capacity = image_capacity_bytes or capacity_from_env()  # UsageError if malformed
         self._owns_images = images is None
         self.chores = WorkerPool(1, nice=BACKGROUND_NICE)
         """Niced helper process for deletions (and the store's hinted hydrations)."""

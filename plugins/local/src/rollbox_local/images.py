@@ -15,9 +15,8 @@ when a store opens. Images are keyed by content digest; a ref (a name, or a path
 fingerprint of its state) maps to a digest. An evicted image keeps its refs, so a later pin
 unpacks it again from its source path.
 
-Capacity: the bytes of hydrated images plus those reserved by hydrations in flight never
-exceed ``capacity_bytes``. Room is made by evicting the least recently used unpinned
-image; a pinned one is never evicted.
+Resolving a ref to what must be hydrated is ``image_plans``; the disk budget and what is
+evicted to keep it is ``image_capacity``; this module hydrates, pins and evicts.
 
 Concurrency: one store object serves the coroutines of one event loop (its bookkeeping
 runs on the loop thread, heavy work in worker threads). Several processes may share a
@@ -53,6 +52,8 @@ from rollbox.errors import (
 )
 
 from rollbox_local import oci
+from rollbox_local.image_capacity import Capacity, capacity_from_env, mb
+from rollbox_local.image_plans import HOST, Plan, Resolver, is_name, source_changed, validate_name
 from rollbox_local.images_index import ImagesIndex
 from rollbox_local.layers import remove_tree
 from rollbox_local.paths import default_home, process_alive, sandbox_ids
@@ -60,9 +61,6 @@ from rollbox_local.workers import BACKGROUND_NICE, WorkerPool
 
 log = logging.getLogger(__name__)
 
-HOST = "host"
-GiB = 1024**3
-DEFAULT_CAPACITY_GB = 20.0
 _MAX_PIN_ATTEMPTS = 5
 
 
@@ -117,59 +115,6 @@ class _Entry:
     last_used: float
 
 
-@dataclass(frozen=True)
-class _Plan:
-    """How to get a ref: already stored (``stored``), or from a probed source."""
-
-    ref: str
-    digest: str | None
-    ref_key: str | None = None  # key in the ref index to record after hydration
-    fingerprint: str | None = None
-    probe: oci.Probe | None = None
-    names: tuple[str, ...] = ()  # names to point at the result too
-    expect: str | None = None  # the digest a name recorded: its source must still give it
-
-    @property
-    def key(self) -> str:
-        """Identity of the hydration, so concurrent requests share one."""
-        if self.digest is not None:
-            return self.digest
-        return f"src:{self.ref_key}"
-
-
-def _capacity_from_env() -> int:
-    raw = os.environ.get("ROLLBOX_IMAGE_CAPACITY_GB", "")
-    try:
-        gb = float(raw) if raw.strip() else DEFAULT_CAPACITY_GB
-    except ValueError:
-        raise UsageError(f"ROLLBOX_IMAGE_CAPACITY_GB={raw!r} is not a number (GiB)") from None
-    if gb <= 0:
-        raise UsageError(f"ROLLBOX_IMAGE_CAPACITY_GB={raw!r} must be positive")
-    return int(gb * GiB)
-
-
-def _mb(n: int) -> str:
-    return f"{n / 1e6:.1f} MB"
-
-
-def _is_name(key: str) -> bool:
-    """Names and path refs share the index; a path ref's key is always absolute."""
-    return not key.startswith("/") and not key.startswith(tuple(oci.PREFIXES))
-
-
-def _validate_name(name: str) -> None:
-    bad = (
-        not name or name == HOST or name.startswith(("sha256:", ".", "~", "/"))
-        or not _is_name(name) or any(c.isspace() or c == "\0" for c in name)
-    )
-    if bad:
-        raise UsageError(
-            f"invalid image name {name!r}: use e.g. 'python-3.11' or 'swebench/astropy:1'; "
-            "not 'host', no spaces, not starting with '/', '.', '~', 'sha256:' or a format "
-            "prefix (oci:, docker-archive:, dir:)"
-        )
-
-
 class ImageStore:
     """Hydrated images on local disk, pinned while in use, evicted LRU within a capacity."""
 
@@ -184,10 +129,7 @@ class ImageStore:
     ) -> None:
         """``chores``: niced helper processes for work nobody waits on (hydrating hinted
         images, deleting evicted ones); the store makes its own if not given."""
-        if capacity_bytes <= 0:
-            raise UsageError(f"image store capacity must be positive, not {capacity_bytes}")
         self.root = Path(root)
-        self.capacity_bytes = capacity_bytes
         self.owner_uid = owner_uid
         self.owner_gid = owner_gid
         self.stats = ImageStoreStats()
@@ -200,7 +142,8 @@ class ImageStore:
         self._index = ImagesIndex(self.root / "index.json", self._images)
         self._refs = self._index.refs
         self._pins: Counter[str] = Counter()
-        self._reserved: dict[str, int] = {}
+        self._resolver = Resolver(self._refs, self._entries)
+        self._capacity = Capacity(capacity_bytes, self._entries, self._pins)
         self._inflight: dict[str, asyncio.Task[_Entry]] = {}  # by plan key
         self._inflight_keys: dict[str, str] = {}  # ref that started one → its plan key
         self._hinted: list[str] = []  # digests of the latest hint, soonest first
@@ -213,13 +156,17 @@ class ImageStore:
         self._clean_leftovers()
         self._load_entries()
 
+    @property
+    def capacity_bytes(self) -> int:
+        return self._capacity.capacity_bytes
+
     @classmethod
     def default(cls) -> ImageStore:
         """The store the local backend uses: ``$ROLLBOX_HOME/images`` (see
         ``paths.default_home``), ``$ROLLBOX_IMAGE_CAPACITY_GB`` GiB (default 20), files
         owned by the sandbox user when running as root."""
         ids = sandbox_ids()
-        return cls(default_home() / "images", capacity_bytes=_capacity_from_env(),
+        return cls(default_home() / "images", capacity_bytes=capacity_from_env(),
                    owner_uid=ids[0] if ids else None, owner_gid=ids[1] if ids else None)
 
     # --- public API -----------------------------------------------------------------------
@@ -282,14 +229,14 @@ class ImageStore:
         if ref == HOST:
             return True
         try:
-            plan = self._plan(ref, probe=True)  # reads the source's metadata only
+            plan = self._resolver.plan(ref, probe=True)  # reads the source's metadata only
         except ImageError:
             return False
         return plan.digest is not None and plan.digest in self._entries
 
     def list(self) -> list[ImageInfo]:
         refs_by_digest: dict[str, builtins.list[str]] = {}
-        for ref, rec in sorted(self._refs.items(), key=lambda kv: (not _is_name(kv[0]), kv[0])):
+        for ref, rec in sorted(self._refs.items(), key=lambda kv: (not is_name(kv[0]), kv[0])):
             refs_by_digest.setdefault(str(rec.get("digest")), []).append(ref)
         return [
             ImageInfo(tuple(refs_by_digest.get(e.digest, ())), e.digest, e.size_bytes,
@@ -301,7 +248,7 @@ class ImageStore:
         """Delete the image ``ref`` names (a name, path or digest) and every ref to it."""
         if ref == HOST:
             raise UsageError("the host image is built in and cannot be removed")
-        digest = self._stored_digest(ref)
+        digest = self._resolver.stored_digest(ref)
         if self._pins[digest]:
             raise UsageError(
                 f"image {ref!r} ({digest[:19]}) is in use by {self._pins[digest]} sandbox(es); "
@@ -320,11 +267,11 @@ class ImageStore:
         ``path`` may carry a format prefix (``oci:``, ``docker-archive:``, ``dir:``). Call
         it off the event loop or when no coroutine uses this store."""
         if name is not None:
-            _validate_name(name)
+            validate_name(name)
         ref = str(path)
-        plan = self._plan(ref, probe=True, force_probe=True)
+        plan = self._resolver.plan(ref, probe=True, force_probe=True)
         if name is not None:
-            plan = _Plan(plan.ref, plan.digest, plan.ref_key, plan.fingerprint, plan.probe,
+            plan = Plan(plan.ref, plan.digest, plan.ref_key, plan.fingerprint, plan.probe,
                          (name,))
         if plan.digest is not None and plan.digest in self._entries:
             entry = self._entries[plan.digest]
@@ -348,7 +295,7 @@ class ImageStore:
                     remove_tree(staging)
                     raise
             finally:
-                self._reserved.pop(plan.key, None)
+                self._capacity.release(plan.key)
         self._touch(entry)
         self._index.save()  # a blocking call anyway: on disk before it returns
         return self._image(name or ref, entry)
@@ -374,75 +321,6 @@ class ImageStore:
         if self._owns_chores:
             self.chores.shutdown()
 
-    def _stored_digest(self, ref: str) -> str:
-        """The digest a name, path or digest refers to, without probing anything."""
-        if ref in self._entries:
-            return ref
-        rec = self._refs.get(ref)
-        if rec is None:
-            split = oci.split_path_ref(ref)
-            if split is not None:
-                kind, path = split
-                rec = self._refs.get(oci.path_key(kind, path))
-        if rec is None:
-            raise ImageNotFoundError(f"no stored image for {ref!r} (see rollbox images ls)")
-        return str(rec["digest"])
-
-    # --- resolution -----------------------------------------------------------------------
-
-    def _plan(self, ref: str, *, probe: bool, force_probe: bool = False) -> _Plan:
-        """Resolve ``ref`` to a digest if that is cheap, and probe its source if needed.
-
-        Blocking (reads the source's metadata): call it in a thread from async code."""
-        if ref.startswith("sha256:"):
-            if ref in self._entries:
-                return _Plan(ref, ref)
-            raise ImageNotFoundError(f"no stored image with digest {ref}")
-        split = oci.split_path_ref(ref)
-        if split is None or (ref in self._refs and _is_name(ref)):
-            return self._plan_name(ref, probe=probe, force_probe=force_probe)
-        kind, path = split
-        ref_key = oci.path_key(kind, path)
-        if not os.path.lexists(path):
-            also = "" if ref.startswith(("/", ".", "~")) or kind else " and no imported name"
-            raise ImageNotFoundError(
-                f"no image {ref!r}: no file or directory at {path}{also}")
-        rec = self._refs.get(ref_key)
-        if rec is not None and not force_probe:
-            fp = oci.fingerprint(oci.detect(kind, path), path)
-            if rec.get("fingerprint") == fp and rec.get("digest") in self._entries:
-                return _Plan(ref, str(rec["digest"]), ref_key, fp)
-        if not probe:
-            return _Plan(ref, None, ref_key)
-        pr = oci.probe(kind, path)
-        digest = pr.digest
-        if digest is None and rec is not None and rec.get("fingerprint") == pr.fingerprint:
-            digest = str(rec["digest"])  # a plain dir seen before, unchanged
-        return _Plan(ref, digest, ref_key, pr.fingerprint, pr)
-
-    def _plan_name(self, name: str, *, probe: bool, force_probe: bool) -> _Plan:
-        rec = self._refs.get(name)
-        if rec is None:
-            raise ImageNotFoundError(
-                f"no image {name!r}: it is not 'host', not an imported name (see rollbox "
-                "images ls) and no file or directory by that path exists"
-            )
-        digest = str(rec["digest"])
-        if (digest in self._entries and not force_probe) or not probe:
-            return _Plan(name, digest if digest in self._entries else None)
-        source = rec.get("source")
-        split = oci.split_path_ref(source) if isinstance(source, str) else None
-        if split is None or not os.path.lexists(split[1]):
-            raise ImageNotFoundError(
-                f"image {name!r} was evicted from the store and its source {source!r} no "
-                f"longer exists; import it again (rollbox images import PATH --name {name})"
-            )
-        plan = self._plan(str(source), probe=True, force_probe=force_probe)
-        if plan.digest is not None and plan.digest != digest:
-            raise _source_changed(name, str(source))
-        return _Plan(name, plan.digest, plan.ref_key, plan.fingerprint, plan.probe, (name,),
-                     expect=digest)
-
     # --- hydration ------------------------------------------------------------------------
 
     async def _ensure(self, ref: str, *, spare: Collection[str] | None = None,
@@ -456,13 +334,13 @@ class ImageStore:
             if not background:
                 self.chores.boost(key)
             return await asyncio.shield(self._inflight[key])
-        plan = self._recheck(await asyncio.to_thread(self._plan, ref, probe=True))
+        plan = self._resolver.recheck(await asyncio.to_thread(self._resolver.plan, ref, probe=True))
         if plan.digest is not None and plan.digest in self._entries:
             entry = self._entries[plan.digest]
             self._record(plan, entry)
             return entry
         if plan.probe is None:  # evicted while we looked: look at its source this time
-            plan = await asyncio.to_thread(self._plan, ref, probe=True, force_probe=True)
+            plan = await asyncio.to_thread(self._resolver.plan, ref, probe=True, force_probe=True)
         task = self._inflight.get(plan.key)
         if task is None:
             task = asyncio.get_running_loop().create_task(self._hydrate(plan, spare, background))
@@ -481,16 +359,7 @@ class ImageStore:
         if self._inflight_keys.get(ref) == key:
             del self._inflight_keys[ref]
 
-    def _recheck(self, plan: _Plan) -> _Plan:
-        """After the thread hop: a concurrent hydration may have learnt this source's digest."""
-        if plan.digest is None and plan.ref_key is not None:
-            rec = self._refs.get(plan.ref_key)
-            if rec is not None and rec.get("fingerprint") == plan.fingerprint:
-                return _Plan(plan.ref, str(rec["digest"]), plan.ref_key, plan.fingerprint,
-                             plan.probe, plan.names, plan.expect)
-        return plan
-
-    async def _hydrate(self, plan: _Plan, spare: Collection[str] | None,
+    async def _hydrate(self, plan: Plan, spare: Collection[str] | None,
                        background: bool) -> _Entry:
         try:
             self._delete_later(self._make_room(plan, spare=spare))
@@ -508,9 +377,9 @@ class ImageStore:
                 await asyncio.to_thread(remove_tree, staging)
                 raise
         finally:
-            self._reserved.pop(plan.key, None)
+            self._capacity.release(plan.key)
 
-    def _unpack_staged(self, plan: _Plan, workers: WorkerPool | None = None
+    def _unpack_staged(self, plan: Plan, workers: WorkerPool | None = None
                        ) -> tuple[Path, oci.Unpacked, float]:
         """Thread: unpack into a fresh staging dir and write its meta.json there."""
         assert plan.probe is not None
@@ -525,7 +394,7 @@ class ImageStore:
                     unpacked.digest != plan.digest):
                 raise ImageCorruptError(f"{plan.probe.path} changed while it was unpacked")
             if plan.expect is not None and unpacked.digest != plan.expect:
-                raise _source_changed(plan.ref, str(plan.ref_key))
+                raise source_changed(plan.ref, str(plan.ref_key))
             meta = {"digest": unpacked.digest, "size_bytes": unpacked.size_bytes,
                     "on_host": unpacked.on_host, "env": unpacked.env,
                     "workdir": unpacked.workdir, "source": plan.ref_key}
@@ -550,64 +419,23 @@ class ImageStore:
             raise ImageCorruptError(f"stored image {final} has no readable meta.json")
         return entry
 
-    def _register(self, plan: _Plan, entry: _Entry, seconds: float) -> _Entry:
+    def _register(self, plan: Plan, entry: _Entry, seconds: float) -> _Entry:
         self._entries[entry.digest] = entry
         self.stats.hydrations += 1
         self.stats.hydration_seconds += seconds
         self.stats.hydration_samples.append(seconds)
-        log.info("hydrated %s (%s) in %.2fs", plan.ref, _mb(entry.size_bytes), seconds)
+        log.info("hydrated %s (%s) in %.2fs", plan.ref, mb(entry.size_bytes), seconds)
         self._record(plan, entry)
         return entry
 
     # --- capacity -------------------------------------------------------------------------
 
-    def _used(self, excluding: str) -> int:
-        reserved = sum(n for k, n in self._reserved.items() if k != excluding)
-        return sum(e.size_bytes for e in self._entries.values()) + reserved
-
-    def _make_room(self, plan: _Plan, *, spare: Collection[str] | None,
+    def _make_room(self, plan: Plan, *, spare: Collection[str] | None,
                    need: int | None = None) -> builtins.list[Path]:
-        """Reserve ``need`` bytes for ``plan``, evicting LRU unpinned images as needed.
-
-        ``spare``: images to keep; None means evict hinted images too, as a last resort
-        (latest hinted first). Returns the evicted directories, for deletion."""
-        need = plan.probe.estimate_bytes if need is None and plan.probe else (need or 0)
-        if need > self.capacity_bytes:
-            raise UsageError(
-                f"image {plan.ref!r} needs {_mb(need)}, more than the image store's whole "
-                f"capacity of {_mb(self.capacity_bytes)}; raise ROLLBOX_IMAGE_CAPACITY_GB"
-            )
-        used = self._used(excluding=plan.key)
-        trash: builtins.list[Path] = []
-        if used + need > self.capacity_bytes:
-            keep = set(self._hinted) if spare is None else set(spare)
-            unpinned = [e for e in self._entries.values() if not self._pins[e.digest]]
-            order = sorted((e for e in unpinned if e.digest not in keep),
-                           key=lambda e: e.last_used)
-            if spare is None:  # last resort: hinted ones, wanted latest first
-                rank = {d: i for i, d in enumerate(self._hinted)}
-                order += sorted((e for e in unpinned if e.digest in keep),
-                                key=lambda e: -rank.get(e.digest, 0))
-            if used - sum(e.size_bytes for e in order) + need > self.capacity_bytes:
-                raise self._full_error(plan, need)
-            for entry in order:
-                if used + need <= self.capacity_bytes:
-                    break
-                used -= entry.size_bytes
-                trash.append(self._evict(entry.digest))
-        self._reserved[plan.key] = need
-        return trash
-
-    def _full_error(self, plan: _Plan, need: int) -> ImageStoreFullError:
-        pinned = [e for e in self._entries.values() if self._pins[e.digest]]
-        in_flight = sum(n for k, n in self._reserved.items() if k != plan.key)
-        return ImageStoreFullError(
-            f"image store full: {plan.ref!r} needs {_mb(need)} but of the "
-            f"{_mb(self.capacity_bytes)} capacity {_mb(sum(e.size_bytes for e in pinned))} "
-            f"is pinned by {len(pinned)} image(s) in use and {_mb(in_flight)} is reserved by "
-            "hydrations in flight; retry when sandboxes finish, run fewer distinct images "
-            "at once, or raise ROLLBOX_IMAGE_CAPACITY_GB"
-        )
+        """Reserve room for ``plan`` (``Capacity.reserve``) and evict what that takes;
+        returns the evicted directories, for deletion."""
+        victims = self._capacity.reserve(plan, spare=spare, hinted=self._hinted, need=need)
+        return [self._evict(digest) for digest in victims]
 
     def _evict(self, digest: str, *, count: bool = True) -> Path:
         """Forget ``digest`` and move its directory to trash (the caller deletes it)."""
@@ -616,7 +444,7 @@ class ImageStore:
         os.rename(self._images / digest.removeprefix("sha256:"), target)
         if count:
             self.stats.evictions += 1
-            log.info("evicted %s (%s) to make room", digest[:19], _mb(entry.size_bytes))
+            log.info("evicted %s (%s) to make room", digest[:19], mb(entry.size_bytes))
         return target
 
     def _delete_later(self, paths: builtins.list[Path]) -> None:
@@ -656,7 +484,7 @@ class ImageStore:
         dispatch, and re-checking every source in a thread each time costs the event loop
         more than it could save. ``pin`` always checks the source."""
         try:
-            return self._entries.get(self._stored_digest(ref))
+            return self._entries.get(self._resolver.stored_digest(ref))
         except ImageNotFoundError:
             return None
 
@@ -675,7 +503,7 @@ class ImageStore:
         entry.last_used = time.time()
         self._index.used(entry.digest, entry.last_used)
 
-    def _record(self, plan: _Plan, entry: _Entry) -> None:
+    def _record(self, plan: Plan, entry: _Entry) -> None:
         """Remember which refs lead to ``entry`` (persisted only when something changed)."""
         changes: dict[str, dict[str, Any] | None] = {}
         if plan.ref_key is not None and plan.fingerprint is not None:
@@ -716,11 +544,3 @@ class ImageStore:
         for item in self._trash.iterdir():
             with contextlib.suppress(OSError):
                 remove_tree(item)
-
-
-def _source_changed(name: str, source: str) -> ImageNotFoundError:
-    return ImageNotFoundError(
-        f"image {name!r} was evicted from the store and its source {source} now holds a "
-        f"different image; import it again (rollbox images import PATH --name {name})"
-    )
-

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 from rollbox import cli
-from rollbox.bench import BenchConfig, ChaosRates, run_bench
-from rollbox.bench_cli import parse_chaos, render_table
 from rollbox.errors import UsageError
+from rollbox_bench.bench import BenchConfig, ChaosRates, run_bench
+from rollbox_bench.cli import parse_chaos, render_table
 
 SMALL = {"backend": "fake", "images": 8, "rollouts_per_task": 4, "concurrency": 2,
          "padding_bytes": 0, "fake_create_delay_s": 0.01, "fake_exec_delay_s": 0.002,
@@ -93,7 +93,7 @@ def test_parse_chaos() -> None:
 
 
 def test_default_capacity_is_smaller_than_the_corpus() -> None:
-    from rollbox.synthetic import SyntheticSource
+    from rollbox_bench.synthetic import SyntheticSource
 
     config = BenchConfig()
     source = SyntheticSource(config.images, padding_bytes=config.padding_bytes, kind="fake")
@@ -103,7 +103,7 @@ def test_default_capacity_is_smaller_than_the_corpus() -> None:
 def test_think_time_reaches_the_policy_and_the_report() -> None:
     import argparse
 
-    from rollbox.bench_cli import config_from, configure
+    from rollbox_bench.cli import config_from, configure
 
     parser = argparse.ArgumentParser()
     configure(parser)

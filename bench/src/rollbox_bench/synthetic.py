@@ -34,15 +34,21 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from rollbox.envs import Task
 from rollbox.errors import MissingExtraError, UsageError
+from rollbox.paths import default_home
 from rollbox.results import RolloutOutput
 from rollbox.sandbox import ExecRequest, ExecResult, Sandbox
 from rollbox.spec import MiB, SandboxSpec, Timeouts
-from rollbox.tasks import Task
 from rollbox.testing.fake import FakeBackend, FakeSandbox, builtin_handler
 
 REPO = "/repo"
 TEST_COMMAND = "python3 -B test_solution.py"
+PROMPT = (
+    "Task {id}. The git repository in {workdir} has a bug: its tests fail. Run them with "
+    f"`{TEST_COMMAND}`, fix solution.py so that they pass, then run `submit`."
+)
+DEFAULT_IMAGES = 8
 PADDING_PATH = "/opt/rollbox-synthetic/padding.bin"
 
 _TEST_SOURCE = """\
@@ -155,8 +161,9 @@ class SyntheticSource:
                 timeouts=Timeouts(exec_s=self.test_timeout_s),
                 labels={"rollbox.source": self.name, "rollbox.task": str(problem.index)},
             )
+            task_id = f"synthetic-{problem.index:05d}"
             yield Task(
-                id=f"synthetic-{problem.index:05d}", spec=spec,
+                id=task_id, spec=spec, prompt=PROMPT.format(id=task_id, workdir=REPO),
                 policy=ScriptedPolicy(problem, self.p_correct, self.seed, self.think),
                 verifier=run_tests, meta={"source": self.name},
             )
@@ -211,6 +218,34 @@ class SyntheticSource:
             return ExecResult(0 if ok else 1, stdout=out)
 
         return FakeBackend(handler, images=images, **options)
+
+
+def synthetic_source(
+    *,
+    n_images: int = DEFAULT_IMAGES,
+    seed: int = 0,
+    padding_bytes: int = 0,
+    kind: str = "local",
+    root: str | Path | None = None,
+    **options: Any,
+) -> SyntheticSource:
+    """The registered ``synthetic`` environment: its local images built on first use
+    under ``$ROLLBOX_HOME/synthetic-gym`` (once), or in memory with ``kind="fake"``
+    (pair it with ``fake_backend(n_images, seed)``)."""
+    if kind == "local" and root is None:
+        root = default_home() / "synthetic-gym" / f"seed-{seed}-padding-{padding_bytes}"
+    source = SyntheticSource(n_images, seed=seed, padding_bytes=padding_bytes, kind=kind,
+                             root=root, **options)
+    if kind == "local":
+        source.build()
+    return source
+
+
+def fake_backend(n_images: int = DEFAULT_IMAGES, seed: int = 0, **options: Any) -> FakeBackend:
+    """A FakeBackend holding the fake synthetic images of ``synthetic_source(kind="fake")``
+    with the same ``n_images`` and ``seed``."""
+    return SyntheticSource(n_images, seed=seed, padding_bytes=0, kind="fake").fake_backend(
+        **options)
 
 
 def _fingerprint(source: SyntheticSource) -> str:

@@ -1,8 +1,9 @@
-"""Pools shared by every env of a process that asks for the same backend and options.
+"""Pools shared by every user of a process that asks for the same backend and options.
 
-An env attaches on construction and detaches on ``close``; the last env to detach closes
-the pool (and the backend, when rollbox opened it). Every method runs on the loop thread
-(``rollbox_gymnasium.runtime``), so the registry needs no lock.
+A user (a Gymnasium env, a server's session) attaches when it is made and detaches when
+it closes; the last to detach closes the pool (and the backend, when rollbox opened it).
+Every method runs on the bridge's loop thread (``rollbox.envs.bridge``), so the registry
+needs no lock; ``shutdown()`` there closes every shared pool.
 """
 
 from __future__ import annotations
@@ -13,13 +14,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-import rollbox
 from rollbox.backend import Backend
+from rollbox.envs.bridge import LoopThread, loop_thread
 from rollbox.errors import UsageError
 from rollbox.plugins import get_plugin_manager, pool_policies
 from rollbox.pool import Pool, PoolPolicy
-
-from rollbox_gymnasium.runtime import LoopThread, loop_thread
 
 BackendArg = str | Backend | None
 
@@ -56,7 +55,9 @@ class PoolRegistry:
                     raise UsageError("backend_options apply only when backend is given by name")
                 instance, owns = backend, False
             else:
-                instance, owns = rollbox.open_backend(backend, **backend_options), True
+                from rollbox import open_backend
+
+                instance, owns = open_backend(backend, **backend_options), True
             pool = Pool(instance, **_pool_kwargs(pool_options))
             shared = self._pools[key] = SharedPool(key, pool, instance, owns)
         shared.refs += 1

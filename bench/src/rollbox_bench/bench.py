@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from rollbox.backend import Backend
-from rollbox.chaos import ChaosBackend
+from rollbox.envs import Task
 from rollbox.errors import UsageError
 from rollbox.metrics import Metrics
 from rollbox.paths import default_home
@@ -37,8 +37,9 @@ from rollbox.pool import NoPoolPolicy, Pool
 from rollbox.results import RolloutResult
 from rollbox.runner import RetryPolicy, run_rollouts
 from rollbox.spec import MiB
-from rollbox.synthetic import SyntheticSource
-from rollbox.tasks import Task
+
+from rollbox_bench.chaos import ChaosBackend
+from rollbox_bench.synthetic import SyntheticSource
 
 ARMS = ("baseline", "rollbox")
 Progress = Callable[[str, int, int, RolloutResult], None]

@@ -19,8 +19,6 @@ import contextlib
 import random
 import shlex
 from collections import Counter
-from collections.abc import Sequence
-from pathlib import Path
 
 from rollbox.backend import Backend
 from rollbox.errors import (
@@ -30,15 +28,16 @@ from rollbox.errors import (
     SandboxLostError,
     UsageError,
 )
-from rollbox.sandbox import ExecRequest, ExecResult, Process, Sandbox, Snapshot
+from rollbox.sandbox import ExecRequest, ExecResult, Sandbox
 from rollbox.spec import SandboxSpec
+from rollbox.wrappers import BackendWrapper, SandboxWrapper
 
 KILLED = "killed"
 HUNG = "hung"
 CREATE_FAILED = "create_failed"
 
 
-class ChaosBackend(Backend):
+class ChaosBackend(BackendWrapper[Backend]):
     """Wraps ``inner`` and injects faults at the given rates (each in [0, 1])."""
 
     name = "chaos"
@@ -56,9 +55,7 @@ class ChaosBackend(Backend):
                             ("create_fail_rate", create_fail_rate)):
             if not 0.0 <= rate <= 1.0:
                 raise UsageError(f"chaos {label} must be within [0, 1], got {rate}")
-        self.inner = inner
-        # Same abilities as the wrapped backend (a ClassVar on backends; set per instance).
-        setattr(self, "capabilities", inner.capabilities)  # noqa: B010
+        super().__init__(inner)
         self.kill_rate = kill_rate
         self.hang_rate = hang_rate
         self.create_fail_rate = create_fail_rate
@@ -73,40 +70,28 @@ class ChaosBackend(Backend):
             self.injected[CREATE_FAILED] += 1
             await asyncio.sleep(0)
             raise CreateFailedError("chaos: injected create failure")
-        return ChaosSandbox(self, await self.inner.create(spec))
+        return await super().create(spec)
 
-    async def prefetch(self, image: str) -> None:
-        await self.inner.prefetch(image)
-
-    def hint_upcoming(self, images: Sequence[str]) -> None:
-        self.inner.hint_upcoming(images)
-
-    async def fork(self, snapshot: Snapshot) -> Sandbox:
-        return ChaosSandbox(self, await self.inner.fork(snapshot))
-
-    async def drop_snapshot(self, snapshot: Snapshot) -> None:
-        await self.inner.drop_snapshot(snapshot)
-
-    async def aclose(self) -> None:
-        await self.inner.aclose()
+    def wrap(self, sandbox: Sandbox) -> Sandbox:
+        return ChaosSandbox(self, sandbox)
 
 
-class ChaosSandbox(Sandbox):
-    """Delegates to the real sandbox; some commands die or hang on the way."""
+class ChaosSandbox(SandboxWrapper[Sandbox]):
+    """Forwards to the real sandbox; some commands die or hang on the way."""
 
     def __init__(self, chaos: ChaosBackend, inner: Sandbox) -> None:
-        super().__init__(inner.id, inner.spec)
         self.chaos = chaos
-        self.inner = inner
         self.killed = False
+        super().__init__(inner)
 
-    def _alive(self) -> Sandbox:
+    @property
+    def inner(self) -> Sandbox:
         if self.killed:
             raise SandboxLostError(f"sandbox {self.id} was killed (chaos)", sandbox_id=self.id)
-        return self.inner
+        return self._wrapped
 
     async def run(self, request: ExecRequest) -> ExecResult:
-        inner = self._alive()
+        inner = self.inner
         if self.chaos.roll(self.chaos.kill_rate):
             self.chaos.injected[KILLED] += 1
             command = asyncio.ensure_future(inner.run(request))
@@ -131,29 +116,8 @@ class ChaosSandbox(Sandbox):
             )
         return await inner.run(request)
 
-    async def start(self, request: ExecRequest) -> Process:
-        return await self._alive().start(request)
-
-    async def read_file(self, path: str) -> bytes:
-        return await self._alive().read_file(path)
-
-    async def write_file(self, path: str, data: bytes, *, mode: int = 0o644) -> None:
-        await self._alive().write_file(path, data, mode=mode)
-
-    async def upload(self, local: str | Path, remote: str) -> None:
-        await self._alive().upload(local, remote)
-
-    async def download(self, remote: str, local: str | Path) -> None:
-        await self._alive().download(remote, local)
-
-    async def reset(self) -> None:
-        await self._alive().reset()
-
-    async def snapshot(self) -> Snapshot:
-        return await self._alive().snapshot()
-
     async def ping(self) -> bool:
-        return not self.killed and await self.inner.ping()
+        return not self.killed and await self._wrapped.ping()
 
     async def close(self) -> None:
-        await self.inner.close()
+        await self._wrapped.close()

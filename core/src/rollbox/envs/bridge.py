@@ -1,11 +1,12 @@
-"""One asyncio event loop per process, on a background thread, for every env.
+"""The sync bridge: one asyncio event loop per process, on a background thread.
 
-Gymnasium is synchronous and rollbox is async. Each env could run its own loop
-(``asyncio.run`` per call), but then envs could not share a pool: a pool, its sandboxes
-and their subprocess pipes belong to the loop that made them. So there is exactly one
-loop per process, on a daemon thread started on first use; an env's ``reset``/``step``
-submits a coroutine to it and blocks for the result, and the vector env submits one
-coroutine that steps all its sub-environments concurrently.
+rollbox is async; Gymnasium, most trainers and many servers call environments
+synchronously. Each caller could run its own loop (``asyncio.run`` per call), but then
+they could not share a pool: a pool, its sandboxes and their subprocess pipes belong to
+the loop that made them. So there is exactly one loop per process, on a daemon thread
+started on first use; a synchronous caller submits a coroutine to it and blocks for the
+result (``loop_thread().run(coro)``), and a batch submits one coroutine that runs many
+sessions concurrently.
 
 Safe across ``fork`` (``AsyncVectorEnv`` forks workers): a child process notices that
 the loop thread belongs to its parent and starts its own. Calling ``run`` from the loop
@@ -35,7 +36,7 @@ class LoopThread:
         self.pid = os.getpid()
         self.loop = asyncio.new_event_loop()
         self._thread = threading.Thread(
-            target=self._main, name="rollbox-gymnasium-loop", daemon=True
+            target=self._main, name="rollbox-loop", daemon=True
         )
         self._shutdown_hooks: list[Callable[[], Coroutine[Any, Any, None]]] = []
         self._thread.start()
@@ -57,8 +58,9 @@ class LoopThread:
         if threading.current_thread() is self._thread:
             coro.close()
             raise UsageError(
-                "a rollbox gymnasium env was called synchronously from inside its own event "
-                "loop; from async code use the vector env or run the env in a thread"
+                "rollbox was called synchronously from inside its own event loop (the "
+                "bridge's thread); from async code await the coroutine, or call from "
+                "another thread"
             )
         future = asyncio.run_coroutine_threadsafe(coro, self.loop)
         try:

@@ -8,11 +8,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from rollbox.envs import TaskSource, open_task_source
 from rollbox.errors import UsageError
 from rollbox.pool import Pool
 from rollbox.runner import run_rollouts
-from rollbox.synthetic import REPO, Problem, SyntheticSource
-from rollbox.tasks import TaskSource, open_task_source
+from rollbox_bench.synthetic import REPO, Problem, SyntheticSource
 
 
 def test_deterministic_for_a_seed() -> None:
@@ -89,7 +89,7 @@ def test_local_layouts_are_written(tmp_path: Path) -> None:
 
 
 def test_think_time_is_seeded_and_averages_its_mean() -> None:
-    from rollbox.synthetic import ThinkTime
+    from rollbox_bench.synthetic import ThinkTime
 
     think = ThinkTime(0.2, seed=3)
     draws = [think.draw(t, r, s) for t in range(40) for r in range(4) for s in (1, 2, 3)]

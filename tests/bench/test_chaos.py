@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import pytest
-from rollbox.chaos import CREATE_FAILED, HUNG, KILLED, ChaosBackend
 from rollbox.errors import SandboxLostError, UsageError
 from rollbox.policies import LookaheadPolicy
 from rollbox.pool import NoPoolPolicy, Pool
 from rollbox.runner import RetryPolicy, run_rollouts
 from rollbox.spec import SandboxSpec
-from rollbox.synthetic import SyntheticSource
 from rollbox.testing.fake import FakeBackend
+from rollbox_bench.chaos import CREATE_FAILED, HUNG, KILLED, ChaosBackend
+from rollbox_bench.synthetic import SyntheticSource
 
 RETRY = RetryPolicy(max_attempts=4, backoff_s=0.0005, retry_kinds=frozenset({"exec_timeout"}))
 

@@ -12,10 +12,11 @@ import time
 from pathlib import Path
 from typing import Any, TextIO
 
-from rollbox.bench import ARMS, BenchConfig, ChaosRates, run_bench
 from rollbox.errors import MissingExtraError, UsageError
 from rollbox.results import RolloutResult
 from rollbox.spec import MiB
+
+from rollbox_bench.bench import ARMS, BenchConfig, ChaosRates, run_bench
 
 
 def configure(parser: argparse.ArgumentParser) -> None:

@@ -1,8 +1,10 @@
-"""Plain shell tasks: a goal stated in words, checked by a shell command.
+"""The ``shell`` environment: goals stated in words, checked by a shell command.
 
 The agent works in a POSIX shell; after every action the task runs its ``check``
 command, and an exit status of 0 means solved: reward 1.0 and the episode terminates.
 Otherwise the reward is 0.0 and the episode goes on (until the step limit truncates it).
+A ``Task`` subclass that overrides ``setup`` and ``judge``: the pattern of
+docs/writing-an-environment.md.
 """
 
 from __future__ import annotations
@@ -10,23 +12,20 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from rollbox.envs import Judgement, StepOutcome, Task
 from rollbox.sandbox import Sandbox
 from rollbox.spec import SandboxSpec
-
-from rollbox_gymnasium.tasks import Judgement, StepOutcome
 
 DEFAULT_WORKDIR = "/tmp"
 
 
-@dataclass(frozen=True)
-class ShellTask:
+@dataclass(frozen=True, kw_only=True)
+class ShellTask(Task):
     """A goal for a shell session; ``files`` are written (relative to the workdir)
     before the first action."""
 
-    id: str
-    prompt: str
-    check: str
     spec: SandboxSpec = field(default_factory=lambda: SandboxSpec(workdir=DEFAULT_WORKDIR))
+    check: str
     files: Mapping[str, str] = field(default_factory=dict)
     check_timeout_s: float = 30.0
 
@@ -34,10 +33,10 @@ class ShellTask:
         for path, text in self.files.items():
             await sandbox.write_file(path, text.encode())
 
-    async def judge(self, sandbox: Sandbox, step: StepOutcome) -> Judgement:
+    async def judge(self, sandbox: Sandbox, step: StepOutcome | None) -> Judgement:
         result = await sandbox.exec(self.check, timeout=self.check_timeout_s)
         solved = result.exit_code == 0
-        return Judgement(reward=1.0 if solved else 0.0, terminated=solved,
+        return Judgement(reward=1.0 if solved else 0.0, terminated=solved or step is None,
                          info={"check_exit_code": result.exit_code})
 
 
@@ -72,7 +71,9 @@ def default_shell_tasks(image: str = "host", workdir: str = DEFAULT_WORKDIR) -> 
 
 
 class ShellTaskSource:
-    """The task source behind ``rollbox/Shell-v0``: a fixed list of shell goals."""
+    """The ``shell`` task source (``rollbox/Shell-v0``): a fixed list of shell goals."""
+
+    name = "shell"
 
     def __init__(
         self,
