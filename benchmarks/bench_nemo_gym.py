@@ -39,9 +39,9 @@ from typing import Any
 
 import rollbox_nemo_gym
 from nemo_gym.sandbox import AsyncSandbox, SandboxSpec
+from rollbox.envs.pools import registry
 from rollbox_local import LocalBackend
 from rollbox_local.oci_build import write_oci_layout
-from rollbox_nemo_gym.runtime import loop_thread
 
 # The local provider warns on every create that it ignores images: that is the point.
 logging.getLogger("nemo_gym.sandbox.providers.local.provider").setLevel(logging.ERROR)
@@ -107,10 +107,10 @@ async def burst(provider: dict[str, Any], specs: Sequence[SandboxSpec],
 
 
 def rollbox_creations() -> int:
-    thread = loop_thread()
+    thread, pools = registry()
 
     async def count() -> int:
-        return sum(s.pool.metrics.counters.get("creations", 0) for s in thread.pools.open())
+        return sum(s.pool.metrics.counters.get("creations", 0) for s in pools.open())
 
     return asyncio.run_coroutine_threadsafe(count(), thread.loop).result(60)
 

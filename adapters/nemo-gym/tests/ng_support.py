@@ -9,7 +9,7 @@ import psutil
 import rollbox_nemo_gym
 from nemo_gym.sandbox import SandboxSpec
 from omegaconf import OmegaConf
-from rollbox_nemo_gym.runtime import SharedPool, loop_thread
+from rollbox.envs.pools import SharedPool, registry
 
 
 def sandbox_processes() -> list[str]:
@@ -35,17 +35,18 @@ def provider_block(**overrides: object) -> dict[str, object]:
 
 def shared_pools() -> list[SharedPool]:
     """The warm pools this process's providers share right now."""
-    thread = loop_thread()
+    thread, pools = registry()
 
-    async def pools() -> list[SharedPool]:
-        return thread.pools.open()
+    async def open_pools() -> list[SharedPool]:
+        return pools.open()
 
-    return asyncio.run_coroutine_threadsafe(pools(), thread.loop).result(10)
+    return asyncio.run_coroutine_threadsafe(open_pools(), thread.loop).result(10)
 
 
 async def leftovers(shared: SharedPool) -> list[str]:
     """What the pool's backend still holds (empty once it is closed)."""
-    return await loop_thread().call(shared.backend.leftovers())
+    thread, _ = registry()
+    return await thread.call(shared.backend.leftovers())
 
 
 def spec(**fields: object) -> SandboxSpec:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from rollbox.envs.bridge import shutdown
 from rollbox.errors import MissingExtraError
 
 try:
@@ -21,10 +22,20 @@ except ImportError as exc:  # pragma: no cover - the extra pulls it in
                             "nemo-gym") from exc
 
 from rollbox_nemo_gym.provider import RollboxCreateError, RollboxProvider
-from rollbox_nemo_gym.runtime import shutdown
 from rollbox_nemo_gym.specs import SpecNotSupportedError
 
 CONFIG = Path(__file__).parent / "configs" / "rollbox.yaml"
 """The provider's YAML block, to add to NeMo Gym's ``config_paths``."""
 
-__all__ = ["CONFIG", "RollboxCreateError", "RollboxProvider", "SpecNotSupportedError", "shutdown"]
+GYM_ROOT = Path(__file__).parent / "gym"
+"""A NeMo Gym component root (for ``NEMO_GYM_EXTRA_ROOTS``) holding the resources server
+``rollbox_env``: any rollbox environment, served by ``rollbox_nemo_gym.server``."""
+
+__all__ = [
+    "CONFIG",
+    "GYM_ROOT",
+    "RollboxCreateError",
+    "RollboxProvider",
+    "SpecNotSupportedError",
+    "shutdown",
+]

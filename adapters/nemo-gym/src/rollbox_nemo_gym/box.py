@@ -1,6 +1,6 @@
 """One NeMo Gym sandbox: a rollbox lease and what NeMo Gym expects of it.
 
-Runs on the rollbox loop only (``rollbox_nemo_gym.runtime``). NeMo Gym's conventions,
+Runs on the process's rollbox loop only (``rollbox.envs.bridge``). NeMo Gym's conventions,
 kept here: a command that exits non-zero is a result, not an exception; a command that
 overruns is return code 125 with ``error_type="timeout"``; a sandbox that is gone (lost,
 closed, past its ``ttl_s``) is 125 with ``error_type="sandbox"``. Closing gives the
@@ -16,6 +16,7 @@ from pathlib import Path
 
 from nemo_gym.sandbox import SandboxEndpoint, SandboxExecResult, SandboxStatus
 from rollbox.backend import Backend
+from rollbox.envs.bridge import LoopThread
 from rollbox.errors import (
     CapabilityNotSupportedError,
     CommandNotFoundError,
@@ -28,7 +29,6 @@ from rollbox.errors import (
 from rollbox.pool import Lease, Outcome
 from rollbox.sandbox import ExecResult, Sandbox, Snapshot
 
-from rollbox_nemo_gym.runtime import LoopThread
 from rollbox_nemo_gym.specs import MappedSpec
 
 RUNTIME_RETURN_CODE = 125

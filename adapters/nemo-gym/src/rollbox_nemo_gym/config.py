@@ -13,10 +13,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import rollbox
+from rollbox.envs.pools import pool_kwargs
 from rollbox.errors import UsageError
 from rollbox.spec import Network
-
-from rollbox_nemo_gym.runtime import PoolConfig, pool_kwargs
 
 SHELLS = ("auto", "bash", "sh")
 
@@ -64,11 +63,12 @@ class ProviderConfig:
         return self.backend or os.environ.get("ROLLBOX_BACKEND") or rollbox.DEFAULT_BACKEND
 
     @property
-    def pool_config(self) -> PoolConfig:
+    def shared_pool_options(self) -> dict[str, Any]:
+        """The pool options the shared pool is made with."""
         options = dict(self.pool_options)
         if self.backend_name == "remote":
             options.setdefault("policy", "none")  # see _check_remote_pool
-        return PoolConfig(self.backend_name, self.backend_options, options)
+        return options
 
     @classmethod
     def from_options(cls, options: Mapping[str, Any]) -> ProviderConfig:

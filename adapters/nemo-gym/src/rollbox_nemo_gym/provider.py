@@ -9,8 +9,16 @@ NeMo Gym finds it through the entry point ``rollbox`` of the group
 
 ``create`` hands out a sandbox from a warm pool keyed by the mapped spec
 (``rollbox_nemo_gym.specs``) and returns once it is ready; ``close`` gives it back to
-be reset in place. Providers of equal settings share their pool
-(``rollbox_nemo_gym.runtime``), because NeMo Gym makes one provider per sandbox.
+be reset in place. Providers of equal settings share their pool, which outlives them by
+``keep_warm_s`` (``rollbox.envs.pools``), because NeMo Gym makes one provider per
+sandbox and closes it with the sandbox.
+
+The pools run on the process's one rollbox event loop, on a thread of its own
+(``rollbox.envs.bridge``), not on the caller's: NeMo Gym's synchronous ``Sandbox``
+facade gives every sandbox an event loop of its own and closes it on ``stop``, and a
+pool (its sandboxes, their pipes, its timers) belongs to the loop that made it. Every
+provider method hands its work to that loop and awaits the result; cancelling the
+caller cancels the work.
 """
 
 from __future__ import annotations
@@ -31,6 +39,8 @@ from nemo_gym.sandbox import (
     SandboxSpec,
     SandboxStatus,
 )
+from rollbox.envs.bridge import LoopThread
+from rollbox.envs.pools import PoolRegistry, SharedPool, registry
 from rollbox.errors import (
     PoolError,
     RollboxError,
@@ -42,7 +52,6 @@ from rollbox.plugins import backend_class, get_plugin_manager
 
 from rollbox_nemo_gym.box import Box
 from rollbox_nemo_gym.config import ProviderConfig
-from rollbox_nemo_gym.runtime import LoopThread, SharedPool, loop_thread
 from rollbox_nemo_gym.specs import MappedSpec, SpecNotSupportedError, map_spec
 
 T = TypeVar("T")
@@ -73,6 +82,7 @@ class RollboxProvider:
     def __init__(self, **settings: Any) -> None:
         self.config = ProviderConfig.from_options(settings)
         self._thread: LoopThread | None = None
+        self._registry: PoolRegistry | None = None
         self._shared: SharedPool | None = None
         self._owned: dict[str, Box] = {}
 
@@ -86,7 +96,7 @@ class RollboxProvider:
         be had in time.
         """
         mapped = map_spec(spec, self.config)
-        thread = loop_thread()
+        thread, _ = registry()
         box = await thread.call(self._open(thread, mapped))
         return SandboxHandle(sandbox_id=box.id, provider_name=self.name, raw=box)
 
@@ -143,14 +153,14 @@ class RollboxProvider:
         """Close every sandbox this provider made and leave the shared pool (which
         closes after ``keep_warm_s`` without providers, at once when it is 0)."""
         owned, self._owned = list(self._owned.values()), {}
-        thread, shared = self._thread, self._shared
-        self._thread = self._shared = None
+        thread, pools, shared = self._thread, self._registry, self._shared
+        self._thread = self._registry = self._shared = None
         if thread is None or not thread.alive:
             return
         for box in owned:
             await thread.call(_close(box))
-        if shared is not None:
-            await thread.call(thread.pools.detach(shared, self.config.keep_warm_s))
+        if pools is not None and shared is not None:
+            await thread.call(pools.detach(shared, self.config.keep_warm_s))
 
     # -- SupportsSandboxPauseResume --------------------------------------------------------
 
@@ -197,7 +207,7 @@ class RollboxProvider:
         rollbox_id = descriptor.get("rollbox_id")
         if not isinstance(sandbox_id, str) or not sandbox_id:
             raise UsageError(f"not a rollbox sandbox descriptor: {dict(descriptor)!r}")
-        thread = loop_thread()
+        thread, _ = registry()
         box = await thread.call(_find(sandbox_id))
         if box is None and isinstance(rollbox_id, str):
             box = await thread.call(self._attach_to(thread, rollbox_id, descriptor))
@@ -243,9 +253,10 @@ class RollboxProvider:
         try:
             sandbox = await shared.backend.attach(rollbox_id)  # type: ignore[attr-defined]
         except BaseException:
-            if fresh:  # leave no pool open for a connect that failed
-                self._shared = self._thread = None
-                await thread.pools.detach(shared, self.config.keep_warm_s)
+            pools = self._registry
+            if fresh and pools is not None:  # leave no pool open for a failed connect
+                self._thread = self._registry = self._shared = None
+                await pools.detach(shared, self.config.keep_warm_s)
             raise
         ports = tuple(int(p) for p in descriptor.get("ports") or ())
         mapped = MappedSpec(spec=sandbox.spec, files={}, ttl_s=None, ready_timeout_s=None,
@@ -256,8 +267,13 @@ class RollboxProvider:
 
     async def _attach(self, thread: LoopThread) -> SharedPool:
         if self._shared is None or self._thread is not thread or self._shared.closed:
-            self._thread = thread
-            self._shared = await thread.pools.attach(self.config.pool_config)
+            current, pools = registry()
+            if current is not thread:
+                raise SandboxLostError("the rollbox loop was shut down meanwhile; try again")
+            self._thread, self._registry = thread, pools
+            self._shared = await pools.attach(self.config.backend_name,
+                                              self.config.backend_options,
+                                              self.config.shared_pool_options)
         return self._shared
 
 
