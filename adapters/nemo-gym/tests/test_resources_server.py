@@ -134,11 +134,12 @@ def test_an_unknown_task_or_environment_is_refused() -> None:
         server("shell", pool_options={"bogus": 1})
 
 
-def shipped_server_config(environment: str) -> dict[str, Any]:
-    """The shipped ``rollbox_env`` server block, through NeMo Gym's own config parser."""
-    path = GYM_ROOT / "resources_servers" / "rollbox_env" / "configs" / "rollbox_env.yaml"
+def shipped_server_config(environment: str, monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
+    """The shipped ``rollbox_env`` server block, found under the package's component root
+    and read by NeMo Gym's own config parser, as docs/nemo-gym.md says to run it."""
+    monkeypatch.setenv("NEMO_GYM_EXTRA_ROOTS", str(GYM_ROOT))
     initial = OmegaConf.create({
-        "config_paths": [str(path)],
+        "config_paths": ["resources_servers/rollbox_env/configs/rollbox_env.yaml"],
         "policy_model": {"responses_api_models": {"dummy_model": {"entrypoint": "app.py"}}},
     })
     parsed = GlobalConfigDictParser().parse(GlobalConfigDictParserConfig(
@@ -151,14 +152,16 @@ def shipped_server_config(environment: str) -> dict[str, Any]:
     return {**block, "name": "rollbox_env", "environment": environment, "keep_warm_s": 0}
 
 
-def test_a_dataset_row_runs_like_nemo_gyms_simple_agent_runs_it() -> None:
+def test_a_dataset_row_runs_like_nemo_gyms_simple_agent_runs_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """The legacy agent flow: seed with the row, call the tool, verify with the row."""
     (row, *_) = dataset.rows("shell")
     NeMoGymResponseCreateParamsNonStreaming.model_validate(row["responses_create_params"])
     client_config = ServerClient(head_server_config=BaseServerConfig(host="127.0.0.1", port=1),
                                  global_config_dict=OmegaConf.create({}))
     rollbox_server = RollboxResourcesServer(
-        config=RollboxEnvConfig.model_validate(shipped_server_config("shell")),
+        config=RollboxEnvConfig.model_validate(shipped_server_config("shell", monkeypatch)),
         server_client=client_config)
     assert rollbox_server.config.max_steps == 32
     with TestClient(rollbox_server.setup_webserver()) as client:
