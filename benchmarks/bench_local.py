@@ -294,7 +294,7 @@ def _mnt_ns(pid: int | str) -> str | None:
 
 def sandbox_processes(roots: list[Path]) -> dict[int, str]:
     """Processes of the sandboxes whose directories are under ``roots`` (a backend's
-    ``scratch.roots``): their bwrap processes, and every process inside one of their
+    ``scratch.place()``): their bwrap processes, and every process inside one of their
     mount namespaces (the agents). pid -> kind."""
     markers, own_ns = [str(root).encode() for root in roots], _mnt_ns("self")
     procs = [e.name for e in Path("/proc").iterdir() if e.name.isdigit()]
@@ -304,10 +304,17 @@ def sandbox_processes(roots: list[Path]) -> dict[int, str]:
         if b"bwrap" in cmdline.split(b"\0", 1)[0] and any(m in cmdline for m in markers):
             found[int(pid)] = "bwrap"
     namespaces = {_mnt_ns(p) for p in found} - {None, own_ns}
-    for pid in procs:
-        if int(pid) not in found and _mnt_ns(pid) in namespaces:
-            found[int(pid)] = "agent"
+    inside = [int(pid) for pid in procs if int(pid) not in found and _mnt_ns(pid) in namespaces]
+    for pid in inside:  # the agent, and the helpers it forks (their parent is inside too)
+        found[pid] = "helper" if _parent(pid) in inside else "agent"
     return found
+
+
+def _parent(pid: int) -> int:
+    for line in (_read(f"/proc/{pid}/status") or b"").splitlines():
+        if line.startswith(b"PPid:"):
+            return int(line.split()[1])
+    return 0
 
 
 def pss_bytes(pid: int) -> int:
@@ -344,7 +351,7 @@ async def bench_idle_once(spec: SandboxSpec, cfg: Config, *, prepare: bool) -> d
             report["create_all_s"] = time.perf_counter() - started
             await asyncio.sleep(2)
             after, kernel_after = used_bytes(), meminfo()
-            procs = sandbox_processes(backend.scratch.roots)
+            procs = sandbox_processes([backend.scratch.place()])
             pss = {pid: pss_bytes(pid) for pid in procs}
             agents = {pid: _mnt_ns(pid) for pid, kind in procs.items() if kind == "agent"}
             report.update(
@@ -365,7 +372,7 @@ async def bench_idle_once(spec: SandboxSpec, cfg: Config, *, prepare: bool) -> d
             *await backend.leftovers(),
             *(f"agent {p} still runs" for p in survivors),
             *([f"{mounts} mounts under {state}"] if mounts else []),
-            *(f"process {p} still runs" for p in sandbox_processes(backend.scratch.roots)),
+            *(f"process {p} still runs" for p in sandbox_processes([backend.scratch.place()])),
         ]
     finally:
         await backend.aclose()

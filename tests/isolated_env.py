@@ -133,8 +133,8 @@ def ensure_env(recipe: EnvRecipe) -> Path:
         # an incomplete one from an interrupted run is made again.
         shutil.rmtree(env, ignore_errors=True)
         uv = _uv()
-        # --no-config: the recipe alone says what goes in, not the repository's own uv
-        # settings (the root pyproject excludes nemo-gym from the workspace, for one).
+        # --no-config: the repository's own uv settings (its workspace overrides) are
+        # not this environment's.
         _check([uv, "venv", "--quiet", "--no-config", "--python", str(python), str(env)])
         editable = [arg for path in recipe.editable for arg in ("-e", str(REPO / path))]
         _check([uv, "pip", "install", "--quiet", "--no-config",

@@ -29,7 +29,7 @@ from rollbox.wrappers import BUILT_ON_TOP, BackendWrapper, SandboxWrapper
 from rollbox_bench.chaos import ChaosBackend
 
 SPEC = SandboxSpec(image="recorded", env={"SPEC_VAR": "spec"})
-PER_INSTANCE = {"capabilities", "doctor"}  # class-level on backends; see BackendWrapper
+PER_INSTANCE = {"capabilities", "doctor", "clean", "default_resources"}  # see BackendWrapper
 OWN = {"name"}  # a wrapper's own identity
 
 

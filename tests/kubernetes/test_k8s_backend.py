@@ -8,7 +8,7 @@ from collections.abc import Callable
 import pytest
 from rollbox import Pool, StaticPoolPolicy
 from rollbox.errors import CommandNotFoundError, ExecTimeoutError, SandboxFileNotFoundError
-from rollbox.spec import SandboxSpec
+from rollbox.spec import Network, SandboxSpec
 from rollbox_kubernetes import KubernetesBackend
 from rollbox_kubernetes.testing import ApiServerEmulator
 
@@ -119,6 +119,12 @@ async def test_raw_pod_mode(make_backend: BackendFactory, emulator: ApiServerEmu
     async with await backend.create(spec) as sandbox:
         assert (await sandbox.exec("echo pod")).stdout == b"pod\n"
         assert emulator.store.get("pods", "default", sandbox.id) is not None
+        # network=none: the run's deny-all policy selects the bare pod too (the real
+        # cluster's node agent found raw pods with full network before this)
+        assert emulator.cluster.networks[("default", sandbox.pod)] is Network.NONE
     await asyncio.sleep(0.05)
     assert emulator.store.list("pods", "default") == []
-    assert backend.stats.by_verb["create"] == 1
+    creates = {r: n for (v, r), n in backend.stats.by_resource.items() if v == "create"}
+    assert creates == {"pods": 1, "networkpolicies": 1}
+    async with await backend.create(spec.replace(network=Network.HOST)) as sandbox:
+        assert ("default", sandbox.pod) not in emulator.cluster.networks

@@ -86,6 +86,28 @@ async def test_dropped_watches_resume_from_last_resource_version(
     assert backend.stats.by_verb["watch"] >= 3
 
 
+async def test_a_watch_outlasts_an_api_server_away_past_the_retry_budget(
+        make_backend: BackendFactory, emulator: ApiServerEmulator, spec: SandboxSpec) -> None:
+    """As when the API server restarts: the watch of a starting sandbox is cut and its
+    reconnects fail for longer than other calls would retry; the create still ends well
+    (found against a real kube-apiserver restarted under creates, tests/cluster)."""
+    backend = make_backend()
+    client = await backend.connect()
+    client.backoff_s, client.max_backoff_s = 0.01, 0.05
+    emulator.cluster.stall_images.add(spec.image)
+    task = asyncio.ensure_future(backend.create(spec))
+    await asyncio.sleep(0.3)
+    emulator.inject(503, client.max_retries * 2, verbs={"watch"})
+    emulator.drop_watches()
+    await asyncio.sleep(0.5)
+    emulator.cluster.stall_images.clear()
+    (pod,) = emulator.store.list("pods", "default")
+    await emulator.cluster._start_pod("default", pod["metadata"]["name"])
+    sandbox = await asyncio.wait_for(task, 10)
+    assert (await sandbox.exec("echo back")).stdout == b"back\n"
+    assert backend.stats.retries["503"] >= client.max_retries * 2
+
+
 async def test_claim_that_never_becomes_ready_times_out_cleanly(
         make_backend: BackendFactory, emulator: ApiServerEmulator, spec: SandboxSpec) -> None:
     backend = make_backend()

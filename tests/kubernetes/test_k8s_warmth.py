@@ -229,3 +229,18 @@ def test_terminal_sandbox_conditions() -> None:
         "agents.x-k8s.io/pod-name": "p1"}}, "status": {"conditions": [
             {"type": "Ready", "status": "True", "reason": "DependenciesReady"}]}})
     assert ready.ready and ready.sandbox == "p1"
+
+
+async def test_specs_differing_only_in_network_get_their_own_pools(
+        make_backend: BackendFactory, emulator: ApiServerEmulator, spec: SandboxSpec) -> None:
+    """A warm pool's template carries the network policy, so a ``host`` spec must not
+    claim from a ``none`` spec's pool, nor the other way round (found on the real
+    cluster: the template key left the network out)."""
+    backend = make_backend()
+    for network in (Network.HOST, Network.NONE):
+        assert backend.keep_warm(spec.replace(network=network), 2)
+    async with await backend.create(spec.replace(network=Network.NONE)) as closed, \
+            await backend.create(spec.replace(network=Network.HOST)) as open_:
+        assert emulator.cluster.networks.get((NS, closed.pod)) is Network.NONE
+        assert (NS, open_.pod) not in emulator.cluster.networks
+    assert creates(backend)["sandboxtemplates"] == 2

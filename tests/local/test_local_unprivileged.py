@@ -35,7 +35,7 @@ async def main():
         report["inside_uid"] = (await sandbox.exec("id -u")).text.strip()
         await sandbox.write_file("/tmp/note", b"written by the API")
         report["read_back"] = (await sandbox.exec("cat /tmp/note; echo x > /made")).text
-        st = os.stat(sandbox._live().upper / "made")
+        st = os.stat(os.path.join(sandbox._live().host_upper(), "made"))
         report["layer_file_owner"] = st.st_uid
         await sandbox.reset()
         report["after_reset"] = (await sandbox.exec("ls /tmp /made 2>&1; true")).text

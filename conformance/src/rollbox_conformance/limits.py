@@ -4,6 +4,7 @@ resources in the spec (each test shrinks one limit so the bomb stays cheap)."""
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import pytest
 from rollbox import Backend, SandboxSpec
@@ -17,7 +18,7 @@ MiB = 1024 * 1024
 class LimitsTests(BackendTestBase):
     """What a runaway command can consume is bounded by ``spec.resources``."""
 
-    def limited(self, **resources: int) -> SandboxSpec:
+    def limited(self, **resources: Any) -> SandboxSpec:
         return self.spec.replace(resources=dataclasses.replace(self.spec.resources, **resources))
 
     @pytest.fixture

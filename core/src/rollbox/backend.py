@@ -14,9 +14,9 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import ClassVar
 
-from rollbox.errors import CapabilityNotSupportedError
+from rollbox.errors import CapabilityNotSupportedError, UnsupportedSpecError
 from rollbox.sandbox import Capabilities, Sandbox, Snapshot
-from rollbox.spec import SandboxSpec
+from rollbox.spec import DEFAULT_RESOURCES, Network, Resources, SandboxSpec
 
 _AHEAD_OF_NEED: ContextVar[bool] = ContextVar("rollbox_ahead_of_need", default=False)
 
@@ -49,12 +49,36 @@ class Diagnostic:
     required: bool = True
 
 
+LIMIT_CAPABILITY = {
+    "cpus": "cpu_limit", "memory_mb": "memory_limit", "pids": "pids_limit",
+    "disk_mb": "disk_limit", "inodes": "inode_limit", "file_size_mb": "file_size_limit",
+    "cpu_seconds": "cpu_time_limit",
+}
+"""Which capability enforces each field of ``Resources``."""
+
+
+def spec_demands(spec: SandboxSpec) -> dict[str, str]:
+    """Capability → the spec field that needs it, for everything ``spec`` asks for."""
+    demands = {LIMIT_CAPABILITY[name]: f"resources.{name}={value}"
+               for name, value in spec.resources.asked().items()}
+    demands["network_host" if spec.network is Network.HOST else "network_none"] = (
+        f"network={spec.network.value!r}")
+    if spec.reset_command is not None:
+        demands["reset_command"] = "reset_command"
+    return demands
+
+
 class Backend(ABC):
     """Creates sandboxes. Subclasses set ``name`` and ``capabilities`` and implement
-    ``create``; the rest has safe defaults."""
+    ``create``; the rest has safe defaults.
+
+    ``capabilities`` is a class attribute, which a backend whose powers depend on the
+    machine (cgroups it may write, a kernel feature) replaces per instance."""
 
     name: ClassVar[str]
-    capabilities: ClassVar[Capabilities] = Capabilities()
+    capabilities: Capabilities = Capabilities()
+    default_resources: ClassVar[Resources] = DEFAULT_RESOURCES
+    """The limits a sandbox gets for every ``Resources`` field left ``None``."""
 
     @abstractmethod
     async def create(self, spec: SandboxSpec) -> Sandbox:
@@ -62,6 +86,39 @@ class Backend(ABC):
 
         Raises CreateFailedError (retryable), ImageError, or InvalidSpecError.
         """
+
+    def check_spec(self, spec: SandboxSpec) -> None:
+        """Refuse a spec asking for what this backend cannot honour: a limit it cannot
+        enforce (unless ``resources.best_effort``), a network it cannot give, a
+        ``reset_command`` it never runs. Backends call it first thing in ``create``.
+
+        Raises UnsupportedSpecError naming the field, the backend and what to do."""
+        caps = self.capabilities
+        missing = {cap: field for cap, field in spec_demands(spec).items()
+                   if not getattr(caps, cap)}
+        if spec.resources.best_effort:
+            missing = {c: f for c, f in missing.items() if c not in LIMIT_CAPABILITY.values()}
+        if not missing:
+            return
+        cap, field = next(iter(missing.items()))
+        why = self.missing_capability_reason(cap)
+        limit = cap in LIMIT_CAPABILITY.values()
+        advice = ("leave the field out to get the backend's default limit, or set "
+                  "resources.best_effort=True to accept it unenforced"
+                  if limit else "choose a backend that supports it")
+        raise UnsupportedSpecError(
+            f"SandboxSpec.{field} cannot be honoured by backend {self.name!r}"
+            f"{f' here: {why}' if why else ''}; {advice}", field=field.split("=")[0],
+            backend=self.name)
+
+    def missing_capability_reason(self, capability: str) -> str:
+        """Why ``capability`` is missing on this machine, and how to get it (for the
+        error ``check_spec`` raises); empty when there is nothing to add."""
+        return ""
+
+    def resources_for(self, spec: SandboxSpec) -> Resources:
+        """The limits a sandbox of ``spec`` runs under: its own, else the defaults."""
+        return spec.resources.or_defaults(self.default_resources)
 
     async def prefetch(self, image: str) -> None:
         """Hydrate ``image`` ahead of need so a later ``create`` does not wait for it."""
@@ -109,6 +166,13 @@ class Backend(ABC):
     @classmethod
     def doctor(cls) -> list[Diagnostic]:
         """Checks that this backend can run on this machine (``rollbox doctor``)."""
+        return []
+
+    @classmethod
+    def clean(cls) -> list[str]:
+        """Remove what processes of this backend that died without closing it left
+        behind (``rollbox doctor --clean``); one line per thing removed. A backend that
+        cleans up after dead owners when it starts does the same here."""
         return []
 
     def __deepcopy__(self, memo: dict[int, object]) -> Backend:

@@ -104,12 +104,21 @@ async def _run(backend_name: str, spec: SandboxSpec, cmd: list[str]) -> int:
 
 def configure_doctor(parser: argparse.ArgumentParser) -> None:
     add_backend_option(parser)
+    parser.add_argument("--clean", action="store_true",
+                        help="first remove what crashed (killed) processes of this backend "
+                             "left behind: directories, snapshots, cgroups")
 
 
 def doctor(args: argparse.Namespace) -> int:
     pm = get_plugin_manager()
     print(f"backends installed: {', '.join(backend_names(pm))}")
-    checks = backend_class(pm, args.backend).doctor()
+    chosen = backend_class(pm, args.backend)
+    if args.clean:
+        removed = chosen.clean()
+        for item in removed:
+            print(f"removed {item}")
+        print(f"cleaned: {len(removed)} leftover(s) of dead {args.backend} backends")
+    checks = chosen.doctor()
     failed = False
     for check in checks:
         mark = "ok  " if check.ok else ("FAIL" if check.required else "warn")

@@ -7,12 +7,15 @@ codes, ...) are mapped onto this tree at the backend's edge, so callers never se
     RollboxError
     ├── UsageError                      the caller must change something; never retryable
     │   ├── InvalidSpecError            a SandboxSpec field is out of range or malformed
+    │   │   └── UnsupportedSpecError    a field this backend cannot honour (here)
     │   ├── PathOutsideSandboxError     a path or symlink leads outside the sandbox
     │   ├── CapabilityNotSupportedError the backend does not declare this capability
     │   ├── UnknownBackendError         no plugin registered a backend by that name
     │   ├── PluginError                 a plugin is broken (bad hook, duplicate name)
     │   ├── MissingExtraError           an optional package is not installed
-    │   └── BackendUnavailableError     the backend cannot run here (e.g. no user namespaces)
+    │   ├── BackendUnavailableError     the backend cannot run here (e.g. no user namespaces)
+    │   ├── NotRegularFileError         the file API met a directory, FIFO, socket or device
+    │   └── FileTooLargeError           a file over the sandbox's size cap (file_size_mb)
     ├── SandboxError                    a sandbox failed; ``sandbox_id`` says which
     │   ├── CreateFailedError           retryable: the backend could not start it
     │   ├── SandboxLostError            retryable: it died or vanished (mid-command, too)
@@ -20,6 +23,8 @@ codes, ...) are mapped onto this tree at the backend's edge, so callers never se
     │   ├── ExecTimeoutError            the command overran its timeout; its tree was killed
     │   ├── CommandNotFoundError        the program does not exist in the image
     │   ├── SandboxFileNotFoundError    read of a path that does not exist in the sandbox
+    │   ├── PortNotOpenError            nothing accepts connections on that port inside
+    │   ├── SnapshotFailedError         the sandbox's state could not be copied
     │   └── ImageError
     │       ├── ImageNotFoundError      no such image anywhere the backend looks
     │       ├── ImageCorruptError       the image exists but cannot be unpacked
@@ -30,9 +35,10 @@ codes, ...) are mapped onto this tree at the backend's edge, so callers never se
 
 After most sandbox errors the sandbox cannot be trusted: its holder gives it back as
 broken and the pool closes it. ``SANDBOX_SOUND_AFTER`` names the exceptions
-(``ExecTimeoutError``, ``CommandNotFoundError``, ``SandboxFileNotFoundError``): the
-command failed, the sandbox did not, and a reset cleans up after it, so a lease that ends
-with one is released OK and the sandbox is reused.
+(``ExecTimeoutError``, ``CommandNotFoundError``, ``SandboxFileNotFoundError``,
+``PortNotOpenError``, ``SnapshotFailedError``): the operation failed, the sandbox did
+not, and a reset cleans up after it, so a lease that ends with one is released OK and
+the sandbox is reused.
 """
 
 from __future__ import annotations
@@ -59,6 +65,18 @@ class UsageError(RollboxError):
 
 class InvalidSpecError(UsageError):
     kind = "invalid_spec"
+
+
+class UnsupportedSpecError(InvalidSpecError):
+    """A spec asks for something the backend cannot honour (here): a limit it cannot
+    enforce, a network it cannot give. ``field`` and ``backend`` say which."""
+
+    kind = "unsupported_spec"
+
+    def __init__(self, message: str, *, field: str, backend: str) -> None:
+        super().__init__(message)
+        self.field = field
+        self.backend = backend
 
 
 class PathOutsideSandboxError(UsageError):
@@ -89,6 +107,19 @@ class MissingExtraError(UsageError, ImportError):
 
 class BackendUnavailableError(UsageError):
     kind = "backend_unavailable"
+
+
+class NotRegularFileError(UsageError):
+    """The file API moves regular files only: not directories, FIFOs (which could block
+    forever), sockets or devices (``/dev/zero`` never ends)."""
+
+    kind = "not_regular_file"
+
+
+class FileTooLargeError(UsageError):
+    """A file over the sandbox's size cap (``resources.file_size_mb``)."""
+
+    kind = "file_too_large"
 
 
 class SandboxError(RollboxError):
@@ -147,6 +178,16 @@ class SandboxFileNotFoundError(SandboxError, FileNotFoundError):
     kind = "file_not_found"
 
 
+class PortNotOpenError(SandboxError):
+    """Nothing accepts connections on the port inside the sandbox (yet)."""
+
+    kind = "port_not_open"
+
+
+class SnapshotFailedError(SandboxError):
+    kind = "snapshot_failed"
+
+
 class ImageError(SandboxError):
     kind = "image"
 
@@ -181,6 +222,8 @@ SANDBOX_SOUND_AFTER: tuple[type[SandboxError], ...] = (
     ExecTimeoutError,
     CommandNotFoundError,
     SandboxFileNotFoundError,
+    PortNotOpenError,
+    SnapshotFailedError,
 )
 """Errors after which the sandbox itself is still sound: a reset cleans up after them,
 so a pool may reuse it (every other SandboxError means: give it back as broken)."""

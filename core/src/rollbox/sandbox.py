@@ -38,10 +38,24 @@ class Capabilities:
     network_none: bool = False
     network_host: bool = False
     file_transfer: bool = True
+    # Limits, each enforced for the sandbox as a whole (see ``spec.Resources``). A spec
+    # asking for one the backend does not declare is refused (UnsupportedSpecError).
     memory_limit: bool = False
+    """resources.memory_mb: all processes' memory, tmpfs and memfd pages included."""
     pids_limit: bool = False
+    """resources.pids: processes and threads alive at once."""
+    cpu_limit: bool = False
+    """resources.cpus: a CPU quota; the backend's own work keeps priority over sandboxes."""
     cpu_time_limit: bool = False
+    """resources.cpu_seconds: CPU time of one process."""
     file_size_limit: bool = False
+    """resources.file_size_mb: the largest file a command may write."""
+    disk_limit: bool = False
+    """resources.disk_mb: bytes the sandbox may write, all its filesystems together."""
+    inode_limit: bool = False
+    """resources.inodes: files and directories the sandbox may create."""
+    reset_command: bool = False
+    """SandboxSpec.reset_command runs after each reset."""
     isolation: bool = False
     """Processes, files and network of the host are out of reach (a real boundary)."""
     signal_exit_codes: bool = True

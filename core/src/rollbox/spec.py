@@ -54,24 +54,52 @@ class Network(str, Enum):
 
 @dataclass(frozen=True)
 class Resources:
-    """Limits on what one sandbox may consume. ``None`` means the backend's own ceiling."""
+    """Limits on what one sandbox may consume, each for the sandbox as a whole (all its
+    processes; memory counts tmpfs and memfd; disk counts everything writable).
 
-    cpus: float = 1.0
-    memory_mb: int = 2048
-    pids: int = 512
-    disk_mb: int = 4096
-    file_size_mb: int = 1024
+    ``None`` (the default) means the backend's default limit (``DEFAULT_RESOURCES``
+    unless the backend says otherwise), enforced where the backend can: ``rollbox
+    doctor`` says which are here. A value given is a demand: a backend that cannot
+    enforce it refuses the spec (UnsupportedSpecError naming the field), unless
+    ``best_effort`` is set, which accepts a limit that may not be enforced.
+    """
+
+    cpus: float | None = None
+    """CPU time per wall second (1.5 = one and a half cores), as a quota."""
+    memory_mb: int | None = None
+    pids: int | None = None
+    disk_mb: int | None = None
+    """Bytes written to the sandbox's filesystems (its writable layer, /tmp, /dev/shm)."""
+    inodes: int | None = None
+    """Files, directories and links created in those filesystems."""
+    file_size_mb: int | None = None
+    """The largest single file a command may write, and the file API's cap."""
     cpu_seconds: int | None = None
+    """CPU seconds one process may use before it is killed (None: no limit)."""
+    best_effort: bool = False
 
     def __post_init__(self) -> None:
-        _positive("resources.cpus", self.cpus)
-        _positive("resources.memory_mb", self.memory_mb)
-        _positive("resources.pids", self.pids)
-        _positive("resources.disk_mb", self.disk_mb)
-        _positive("resources.file_size_mb", self.file_size_mb)
-        if self.cpu_seconds is not None:
-            _positive("resources.cpu_seconds", self.cpu_seconds)
+        for name in LIMIT_FIELDS:
+            value = getattr(self, name)
+            if value is not None:
+                _positive(f"resources.{name}", value)
+        if not isinstance(self.best_effort, bool):
+            raise InvalidSpecError("SandboxSpec.resources.best_effort must be a bool")
 
+    def asked(self) -> dict[str, float]:
+        """The limits this spec demands (the fields that are not None)."""
+        return {name: value for name in LIMIT_FIELDS
+                if (value := getattr(self, name)) is not None}
+
+    def or_defaults(self, defaults: Resources | None = None) -> Resources:
+        """These limits with every ``None`` filled from ``defaults`` (DEFAULT_RESOURCES)."""
+        base = defaults or DEFAULT_RESOURCES
+        return Resources(**{name: getattr(self, name) if getattr(self, name) is not None
+                            else getattr(base, name) for name in LIMIT_FIELDS},
+                         best_effort=self.best_effort)
+
+
+LIMIT_FIELDS = ("cpus", "memory_mb", "pids", "disk_mb", "inodes", "file_size_mb", "cpu_seconds")
 
 @dataclass(frozen=True)
 class Timeouts:
@@ -164,3 +192,8 @@ def _frozen(name: str, value: Mapping[str, str]) -> FrozenMap:
 def _positive(name: str, value: float) -> None:
     if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
         raise InvalidSpecError(f"SandboxSpec.{name} must be a positive number, got {value!r}")
+
+
+DEFAULT_RESOURCES = Resources(cpus=1.0, memory_mb=2048, pids=512, disk_mb=4096,
+                              inodes=262_144, file_size_mb=1024)
+"""What a sandbox gets where its spec says nothing (a backend may choose its own)."""

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from rollbox.backend import Backend
 from rollbox.sandbox import ExecRequest, ExecResult, Process, Sandbox, Snapshot
-from rollbox.spec import SandboxSpec
+from rollbox.spec import Resources, SandboxSpec
 
 S = TypeVar("S", bound=Sandbox)
 B = TypeVar("B", bound=Backend)
@@ -109,10 +109,12 @@ class BackendWrapper(Backend, Generic[B]):
 
     def __init__(self, inner: B) -> None:
         self.inner = inner
-        # A backend's capabilities (a ClassVar) and checks (a classmethod) belong to its
+        self.capabilities = inner.capabilities
+        # A backend's default limits (a ClassVar) and checks (classmethods) belong to its
         # class; a wrapper takes its inner backend's, per instance.
-        setattr(self, "capabilities", inner.capabilities)  # noqa: B010
+        setattr(self, "default_resources", inner.default_resources)  # noqa: B010
         setattr(self, "doctor", inner.doctor)  # noqa: B010
+        setattr(self, "clean", inner.clean)  # noqa: B010
 
     def wrap(self, sandbox: Sandbox) -> Sandbox:
         """The sandbox this wrapper hands out for one of the inner backend's."""
@@ -141,6 +143,15 @@ class BackendWrapper(Backend, Generic[B]):
 
     async def leftovers(self) -> list[str]:
         return await self.inner.leftovers()
+
+    def check_spec(self, spec: SandboxSpec) -> None:
+        self.inner.check_spec(spec)
+
+    def missing_capability_reason(self, capability: str) -> str:
+        return self.inner.missing_capability_reason(capability)
+
+    def resources_for(self, spec: SandboxSpec) -> Resources:
+        return self.inner.resources_for(spec)
 
     if not TYPE_CHECKING:
 

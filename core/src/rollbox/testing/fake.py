@@ -12,7 +12,6 @@ import asyncio
 import itertools
 import shlex
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
-from typing import ClassVar
 
 from rollbox.backend import Backend
 from rollbox.errors import (
@@ -213,8 +212,9 @@ class FakeBackend(Backend):
     """In-memory sandboxes. ``images`` maps image name → {path: bytes}."""
 
     name = "fake"
-    capabilities: ClassVar[Capabilities] = Capabilities(
+    capabilities = Capabilities(
         reset_in_place=True, snapshot=True, fork=True, streaming=True, signals=True,
+        network_none=True,  # in memory: no network at all
         shell=False,
     )
 
@@ -242,6 +242,7 @@ class FakeBackend(Backend):
         self._ids = itertools.count(1)
 
     async def create(self, spec: SandboxSpec) -> FakeSandbox:
+        self.check_spec(spec)
         if spec.image not in self.images:
             raise ImageNotFoundError(
                 f"fake image {spec.image!r} does not exist; pass it in FakeBackend(images=...)"

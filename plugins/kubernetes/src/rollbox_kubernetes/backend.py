@@ -29,7 +29,7 @@ import contextlib
 import os
 import secrets
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import Any, ClassVar, TypeVar
+from typing import Any, TypeVar
 
 from kubernetes_asyncio.client import ApiClient, Configuration, CoreV1Api
 from rollbox.backend import Backend, Diagnostic
@@ -63,9 +63,10 @@ class KubernetesBackend(Backend):
     """Sandboxes on a Kubernetes cluster running kubernetes-sigs/agent-sandbox."""
 
     name = "kubernetes"
-    capabilities: ClassVar[Capabilities] = Capabilities(
+    capabilities = Capabilities(
         reset_in_place=True, network_none=True, network_host=True, memory_limit=True,
-        isolation=True, streaming=True, signals=True,
+        cpu_limit=True, disk_limit=True,  # pod limits: cpu, memory, ephemeral-storage
+        reset_command=True, isolation=True, streaming=True, signals=True,
         signal_exit_codes=False,  # pod exec reports death by signal N as 128+N, like exit
     )
 
@@ -168,6 +169,7 @@ class KubernetesBackend(Backend):
     # -- create --------------------------------------------------------------------------
 
     async def create(self, spec: SandboxSpec) -> KubeSandbox:
+        self.check_spec(spec)
         await self.connect()
         try:
             async with asyncio.timeout(spec.timeouts.create_s):
@@ -302,6 +304,8 @@ class KubernetesBackend(Backend):
         raise CreateFailedError(f"pod for image {spec.image!r} failed: {message}")
 
     async def _create_pod(self, spec: SandboxSpec) -> KubeSandbox:
+        if spec.network is Network.NONE:
+            await self._ensure_deny_all()  # the pod carries its label (render.raw_pod)
         name = self._name(render.spec_key(spec, self.options))
         await self._create_then(PODS, "pod", name, render.raw_pod(name, spec, self.options),
                                 lambda created: self._await_pod(name, created, spec))

@@ -10,7 +10,9 @@ configured QPS. Then:
 - 5xx, timeouts, dropped connections: idempotent calls (get, list, delete, merge patch,
   and creates of fixed names, whose retry turns into 409 AlreadyExists) are retried with
   exponential backoff and jitter, a bounded number of times.
-- Watches resume from the last resourceVersion they saw when the stream drops.
+- Watches resume from the last resourceVersion they saw when the stream drops, and
+  reconnect (backing off, up to ``max_backoff_s`` apart) for as long as their caller
+  waits, so an API server that restarts does not end them.
 
 ``RequestStats`` counts requests by verb and keeps their start times, which is what the
 measurement reads.
@@ -167,10 +169,12 @@ class KubeClient:
         resource = parts[1] if "/namespaces/" in path and len(parts) > 1 else ""
         self.stats.record(verb, asyncio.get_running_loop().time(), resource)
 
-    async def backoff(self, error: ApiError, attempt: int, *, idempotent: bool) -> None:
-        """Sleep before retry ``attempt`` of a failed call, or re-raise ``error``."""
+    async def backoff(self, error: ApiError, attempt: int, *, idempotent: bool,
+                      unbounded: bool = False) -> None:
+        """Sleep before retry ``attempt`` of a failed call, or re-raise ``error``.
+        ``unbounded``: no cap on attempts (a watch, which its caller bounds in time)."""
         throttled = error.status == 429 or (error.status == 503 and error.retry_after)
-        if attempt > self.max_retries or not (
+        if (attempt > self.max_retries and not unbounded) or not (
             throttled or (idempotent and error.status in _RETRYABLE_STATUS)
         ):
             raise error
@@ -178,7 +182,7 @@ class KubeClient:
         if throttled:
             self.limiter.pause(error.retry_after if error.retry_after is not None else 1.0)
             return
-        delay = min(self.max_backoff_s, self.backoff_s * 2 ** (attempt - 1))
+        delay = min(self.max_backoff_s, self.backoff_s * 2 ** min(attempt - 1, 16))
         await asyncio.sleep(delay * (0.5 + random.random() / 2))
 
     async def call(
@@ -249,9 +253,12 @@ class KubeClient:
     async def get(self, res: Resource, namespace: str, name: str) -> Obj:
         return await self.call("get", "GET", res.path(namespace, name), idempotent=True)
 
-    async def list_objects(self, res: Resource, namespace: str, *,
-                           label_selector: str = "") -> Obj:
+    async def list_objects(self, res: Resource, namespace: str | None, *,
+                           label_selector: str = "", field_selector: str = "") -> Obj:
+        """``namespace`` None: across all namespaces."""
         query = [("labelSelector", label_selector)] if label_selector else []
+        if field_selector:
+            query.append(("fieldSelector", field_selector))
         return await self.call("list", "GET", res.path(namespace), query=query, idempotent=True)
 
     async def patch(self, res: Resource, namespace: str, name: str, patch: Obj) -> Obj:
@@ -273,11 +280,12 @@ class KubeClient:
     async def watch(
         self,
         res: Resource,
-        namespace: str,
+        namespace: str | None,
         *,
         resource_version: str,
         name: str | None = None,
         label_selector: str = "",
+        field_selector: str = "",
         server_timeout_s: int = 300,
     ) -> AsyncIterator[tuple[str, Obj]]:
         """Events after ``resource_version``, resuming from the last one seen whenever the
@@ -287,8 +295,11 @@ class KubeClient:
         while True:
             query = [("watch", "true"), ("resourceVersion", rv),
                      ("allowWatchBookmarks", "true"), ("timeoutSeconds", str(server_timeout_s))]
-            if name is not None:
-                query.append(("fieldSelector", f"metadata.name={name}"))
+            fields = [f"metadata.name={name}"] if name is not None else []
+            if field_selector:
+                fields.append(field_selector)
+            if fields:
+                query.append(("fieldSelector", ",".join(fields)))
             if label_selector:
                 query.append(("labelSelector", label_selector))
             response = await self._open_stream(res.path(namespace), query)
@@ -334,4 +345,6 @@ class KubeClient:
                                     response.headers)
             except (aiohttp.ClientError, TimeoutError) as exc:
                 error = ApiError(0, "Unreachable", f"{type(exc).__name__}: {exc}")
-            await self.backoff(error, attempt, idempotent=True)
+            # A watch outlives an API server restart: it reconnects for as long as its
+            # caller waits (a create's timeout), not for a fixed number of attempts.
+            await self.backoff(error, attempt, idempotent=True, unbounded=True)

@@ -16,8 +16,9 @@ Mapping from the spec:
   secure default (public internet only, no cluster-internal or metadata addresses).
 - A directly created ``Sandbox`` carries the same ``podTemplate`` (labels included) as
   the template would. A bare Sandbox has no ``networkPolicy`` field, so for
-  ``network=none`` its pod gets the label ``rollbox.dev/network=none`` and the run's
-  deny-all ``NetworkPolicy`` (``deny_all``) selects it; for ``network=host`` nothing
+  ``network=none`` its pod (and a raw pod, ``mode="pod"``) gets the label
+  ``rollbox.dev/network=none`` and the run's deny-all ``NetworkPolicy`` (``deny_all``)
+  selects it; for ``network=host`` nothing
   restricts it (the cluster's own policies apply, not upstream's template default).
 - ``KubeOptions`` adds what a spec does not say: runtimeClassName (e.g. ``gvisor``),
   nodeSelector, tolerations, the warm pool size ``rollbox k8s render`` writes.
@@ -96,7 +97,8 @@ def container_env(spec: SandboxSpec) -> dict[str, str]:
 
 
 def _resources(spec: SandboxSpec) -> Obj:
-    res = spec.resources
+    res = spec.resources.or_defaults()
+    assert res.cpus is not None
     cpu = f"{math.ceil(res.cpus * 1000)}m"
     amounts = {"cpu": cpu, "memory": f"{res.memory_mb}Mi",
                "ephemeral-storage": f"{res.disk_mb}Mi"}
@@ -104,8 +106,11 @@ def _resources(spec: SandboxSpec) -> Obj:
 
 
 def spec_key(spec: SandboxSpec, options: KubeOptions) -> str:
-    """A stable name part for ``spec`` under ``options`` (equal specs share a template)."""
-    return digest(pod_spec(spec, options))
+    """A stable name part for ``spec`` under ``options``: specs that share it share a
+    template. The network is part of it: it is not in the pod spec but in the template's
+    ``networkPolicy`` (two specs differing only there once shared one template).
+    """
+    return digest({"pod": pod_spec(spec, options), "network": spec.network.value})
 
 
 def pod_spec(spec: SandboxSpec, options: KubeOptions) -> Obj:
@@ -170,7 +175,10 @@ def warm_pool(spec: SandboxSpec, options: KubeOptions, replicas: int | None = No
 
 
 def claim(name: str, pool_name: str, key: str, options: KubeOptions) -> Obj:
-    """A claim on ``pool_name``. It sets no env or volumes: those force a cold start."""
+    """A claim on ``pool_name``. It sets no env or volumes: those force a cold start.
+    Nor ``additionalPodMetadata``: the pool's pods carry rollbox's labels from the
+    template already, and upstream's controller rejects labels there whose domain is not
+    in its allowlist (``sandbox.users.io`` by default) with ``InvalidMetadata``."""
     return {
         "apiVersion": CLAIMS.api_version,
         "kind": CLAIMS.kind,
@@ -178,7 +186,6 @@ def claim(name: str, pool_name: str, key: str, options: KubeOptions) -> Obj:
         "spec": {
             "warmPoolRef": {"name": pool_name},
             "lifecycle": {"shutdownPolicy": "Delete"},
-            "additionalPodMetadata": {"labels": labels(options, key)},
         },
     }
 
@@ -218,12 +225,16 @@ def deny_all(options: KubeOptions) -> Obj:
 
 
 def raw_pod(name: str, spec: SandboxSpec, options: KubeOptions) -> Obj:
-    """The baseline: one bare pod per sandbox, no controller involved."""
+    """The baseline: one bare pod per sandbox, no controller involved. Like a direct
+    Sandbox's pod, one with ``network=none`` is labelled for the run's deny-all policy."""
     key = spec_key(spec, options)
+    meta = _meta(name, options, key)
+    if spec.network is Network.NONE:
+        meta["labels"][LABEL_NETWORK] = Network.NONE.value
     return {
         "apiVersion": "v1",
         "kind": "Pod",
-        "metadata": _meta(name, options, key),
+        "metadata": meta,
         "spec": {**pod_spec(spec, options), "restartPolicy": "Never"},
     }
 

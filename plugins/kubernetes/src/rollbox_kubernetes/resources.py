@@ -45,9 +45,12 @@ class Resource:
     def api_version(self) -> str:
         return f"{self.group}/{self.version}" if self.group else self.version
 
-    def path(self, namespace: str, name: str | None = None, sub: str | None = None) -> str:
+    def path(self, namespace: str | None, name: str | None = None,
+             sub: str | None = None) -> str:
+        """The URL path; ``namespace`` None: across all namespaces (list and watch)."""
         base = f"/apis/{self.group}/{self.version}" if self.group else f"/api/{self.version}"
-        path = f"{base}/namespaces/{namespace}/{self.plural}"
+        path = f"{base}/namespaces/{namespace}/{self.plural}" if namespace is not None \
+            else f"{base}/{self.plural}"
         if name is not None:
             path += f"/{name}"
         if sub is not None:

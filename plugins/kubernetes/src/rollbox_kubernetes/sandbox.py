@@ -250,7 +250,7 @@ class KubeSandbox(Sandbox):
 
     async def read_file(self, path: str) -> bytes:
         target = resolve_path(path, self.spec.workdir)
-        limit = self.spec.resources.file_size_mb * MiB
+        limit = (self.spec.resources.or_defaults().file_size_mb or 0) * MiB
         if self.runtime is not None:
             data = await self.runtime.read_file(target, limit, self.spec.timeouts.exec_s)
             if data is not None:

@@ -1,43 +1,57 @@
-"""The zygote and the in-sandbox agent: how commands get into a sandbox fast.
+"""The zygote and the in-sandbox agent: how commands and file operations get into a
+sandbox fast, with nothing of the host's authority inside its reach.
 
 This file runs as ``python -I -S _agent.py FD`` and imports nothing from rollbox or
 outside the standard library, so the process stays small and forks in well under a
 millisecond.
 
-The **zygote** (one per backend) waits on socket FD for requests. A "spawn" request
-starts bubblewrap itself (as the sandbox user, so the backend's own, larger process
-never forks); bwrap builds the user, mount, net, ipc and uts namespaces and the
-filesystem, then its child, the holder, blocks forever keeping them open. A "boot"
-request carries the holder's pid and one end of a socketpair; for each::
+The **zygote** (one per backend, in a session of its own) waits on socket FD for
+requests. A "spawn" request starts bubblewrap itself (as the sandbox user, so the
+backend's own, larger process never forks); bwrap builds the user, mount, net, ipc and
+uts namespaces and the filesystem, then its child, the holder, blocks forever keeping
+them open. A "boot" request carries the holder's pid and one end of a socketpair; for
+each::
 
     zygote ─fork─► C1: joins the sandbox's user, mount, net, ipc and uts namespaces and
                        its root directory, creates a pid namespace, forks, exits
-                   └─► agent: pid 1 of that pid namespace, so it reaps every orphan and
-                       no signal from inside can kill it; mounts its /proc; runs as the
-                       sandbox's root with every capability dropped (bounding set too),
-                       no_new_privs, not dumpable, a seccomp filter and the sandbox's
-                       rlimits. It serves the socketpair.
+                   └─► agent: pid 1 of that pid namespace, so no signal from inside can
+                       kill it; mounts its /proc; runs as the sandbox's root with every
+                       capability dropped (bounding set too), no_new_privs, not
+                       dumpable, a seccomp filter and the sandbox's rlimits. It serves
+                       the socketpair.
 
-No file of the agent exists inside the sandbox: it is a fork of a host process, so any
-image works, with or without Python. It holds nothing the sandbox may not have: its
-socket to the backend and its children.
+The **agent** never runs anything itself. It keeps a spare **helper** (a fork of
+itself, made ahead of need) and hands each request to one, so a request never waits for
+a fork. A helper serves exactly one request and is a child subreaper: every process a
+command starts, daemons that double-fork and call ``setsid`` included, stays in the
+helper's subtree until it exits. That subtree is the command's tree — what a timeout
+kills, exactly, and nothing of any other command. A helper that is killed from inside
+(a command may signal its own helper: same uid) leaves strays to the agent, which kills
+them. Helpers and the agent are not dumpable: a command cannot ptrace them or open
+their file descriptors through /proc.
 
-The **agent** takes requests (JSON, with file descriptors by SCM_RIGHTS)::
+Requests (JSON, file descriptors by SCM_RIGHTS; every fd arrives close-on-exec, and a
+command starts with exactly fds 0, 1 and 2)::
 
-    {"op": "exec", "id": N, "argv": [...], "env": {...}, "cwd": "/"}  + stdin, stdout,
-                                                                        stderr, status fds
+    {"op": "exec", "id": N, "argv": [...], "env": {...}, "cwd": "/"}
+                                      + stdin, stdout, stderr, status
+    {"op": "read", "id": N, "path": P, "limit": L}           + data (write end), status
+    {"op": "write", "id": N, "path": P, "mode": M}           + data (read end), status
+    {"op": "connect", "id": N, "port": P}                    + reply (unix socket)
     {"op": "signal", "id": N, "sig": 15}   signal the command's process group
-    {"op": "kill", "id": N}                kill the command's whole tree
+    {"op": "kill", "id": N}                kill the request's whole tree
+    {"op": "freeze"} / {"op": "thaw"}      + status: stop / continue every process
 
-and writes to each command's status pipe::
+Status lines (one request each; the helper writes them)::
 
-    S <pid>            started           E <errno> <message>   could not start
-    X <exit code>      ended (-N: killed by signal N)           K   tree killed
+    S <pid>        exec: started              X <n>      ended: exit code, or bytes moved
+    E <errno> <m>  could not do it            K          tree killed (after "kill")
+    T <kind>       not a regular file         F <size>   file over the limit
 
-A tree is the command's session, its descendants, and the orphans the agent adopted
-while the command ran that belong to no other running command (daemons double-fork and
-call setsid, so ancestry alone cannot find them). Killing the agent kills everything in
-its pid namespace: that is how the backend ends a sandbox's processes.
+A connect request is answered on its reply socket: ``ok`` with the connected socket's
+descriptor, or an ``E`` line. File operations run as the sandbox's own root, inside its
+namespaces and root directory: a path resolves exactly as it would for a command, and
+the host's privileges are never used on anything the sandbox controls.
 """
 
 from __future__ import annotations
@@ -52,6 +66,7 @@ import resource
 import select
 import signal
 import socket
+import stat
 import struct
 import sys
 import time
@@ -64,17 +79,25 @@ PR_SET_CHILD_SUBREAPER, PR_SET_NO_NEW_PRIVS, PR_CAPBSET_DROP = 36, 38, 24
 PR_SET_SECUREBITS, PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL = 28, 47, 4
 PR_SET_DUMPABLE = 4
 MS_NOSUID, MS_NODEV, MS_NOEXEC = 2, 4, 8
+MS_REC, MS_PRIVATE = 0x4000, 0x40000
 SECBIT_NOROOT_ALL = 0x3F  # noroot, no_setuid_fixup, keep_caps: each with its lock
 CAPABILITY_VERSION_3 = 0x20080522
 MAX_FDS = 8
+CHUNK = 1 << 20
+FREEZE_ROUNDS = 200
 
 libc = ctypes.CDLL(None, use_errno=True)
 # resolved before forking, so children do not each look them up
 _setns, _unshare, _prctl, _capset, _mount = (
     libc.setns, libc.unshare, libc.prctl, libc.capset, libc.mount)
 CAP_LAST = int(open("/proc/sys/kernel/cap_last_cap").read())
-CLK_TCK = os.sysconf("SC_CLK_TCK")
 DEFAULT_SIGNALS = [s for s in signal.valid_signals() if s not in (signal.SIGKILL, signal.SIGSTOP)]
+# Commands run SCHED_IDLE: within their sandbox, the agent and its helpers (the kill of
+# a timed-out tree, the next command's start) always get the CPU before a busy command.
+# A command cannot leave SCHED_IDLE (that needs RLIMIT_NICE or CAP_SYS_NICE). Between
+# sandboxes and against the host, the cgroup's weight decides (cgroups.py). glibc's
+# posix_spawn takes no SCHED_IDLE, so it is set right after the spawn.
+IDLE = os.sched_param(0)
 
 
 def _check(ret: int, what: str) -> None:
@@ -84,7 +107,10 @@ def _check(ret: int, what: str) -> None:
 
 
 def _recv(sock: socket.socket) -> tuple[bytes, list[int]]:
-    msg, ancdata, _, _ = sock.recvmsg(1 << 20, socket.CMSG_SPACE(MAX_FDS * 4))
+    """One message and its descriptors, which arrive close-on-exec (never inherited by
+    a command unless handed to it on purpose)."""
+    msg, ancdata, _, _ = sock.recvmsg(
+        1 << 20, socket.CMSG_SPACE(MAX_FDS * 4), socket.MSG_CMSG_CLOEXEC)
     fds: list[int] = []
     for level, kind, data in ancdata:
         if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
@@ -99,6 +125,14 @@ def _write(fd: int, line: str) -> None:
         os.write(fd, line.encode() + b"\n")
     except OSError:
         pass
+
+
+def _close(*fds: int) -> None:
+    for fd in fds:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
 
 
 # -- the zygote ---------------------------------------------------------------------------
@@ -117,6 +151,8 @@ def zygote(sock: socket.socket) -> None:
             msg, fds = _recv(sock)
         except InterruptedError:
             continue
+        except OSError:
+            return
         if not msg:
             return  # the backend went away: so do we
         req = json.loads(msg)
@@ -125,6 +161,8 @@ def zygote(sock: socket.socket) -> None:
             signal.signal(signal.SIGCHLD, signal.SIG_DFL)
             if req.get("op") == "spawn":
                 _spawn_bwrap(req, fds)
+            if req.get("op") == "copy":
+                _copy_layer(req, fds)
             try:
                 _enter(req, fds[0])
             except BaseException as exc:  # report anything; never return into the loop
@@ -133,8 +171,7 @@ def zygote(sock: socket.socket) -> None:
                 except OSError:
                     pass
             os._exit(1)
-        for fd in fds:
-            os.close(fd)
+        _close(*fds)
 
 
 def _spawn_bwrap(req: dict[str, Any], fds: list[int]) -> None:
@@ -143,13 +180,26 @@ def _spawn_bwrap(req: dict[str, Any], fds: list[int]) -> None:
     fds: block pipe, info pipe → 3, 4 (the argv names them); stderr goes to the log file
     at req["log"]. The directories in req["mkdirs"] are made first, as that user."""
     try:
-        block, info = fds
+        # Out of the way first (either may already sit at 3 or 4), then into place,
+        # inheritable: bwrap gets exactly these.
+        block, info = (fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 16) for fd in fds)
         for src, dest in ((block, 3), (info, 4)):
-            os.dup2(src, dest)
+            os.dup2(src, dest, inheritable=True)
         null = os.open("/dev/null", os.O_RDWR)
         os.dup2(null, 0)
         os.dup2(null, 1)
         os.closerange(5, 65536)
+        failed = ""
+        if req.get("cgroup"):
+            try:
+                _enter_cgroup(req["cgroup"])
+            except OSError as exc:  # said in the log, once it is open
+                failed = f"cannot set up the sandbox's cgroup: {exc}"
+        if req.get("tmpfs") and not failed:
+            try:
+                _mount_layer(req["tmpfs"])
+            except OSError as exc:
+                failed = f"cannot mount the sandbox's writable layer: {exc}"
         if req.get("nice"):
             os.nice(req["nice"])
         uid, gid = req.get("uid"), req.get("gid")
@@ -160,8 +210,11 @@ def _spawn_bwrap(req: dict[str, Any], fds: list[int]) -> None:
         log = os.open(req["log"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         os.dup2(log, 2)
         os.close(log)
-        for path in req.get("mkdirs", ()):
-            os.mkdir(path, 0o755)
+        if failed:
+            raise OSError(failed)
+        for path, mode in req.get("mkdirs", ()):
+            os.mkdir(path, mode)
+            os.chmod(path, mode)  # past the umask (/dev/shm is 1777)
         os.execv(req["argv"][0], req["argv"])
     except BaseException as exc:
         try:
@@ -171,8 +224,167 @@ def _spawn_bwrap(req: dict[str, Any], fds: list[int]) -> None:
     os._exit(127)
 
 
+def _copy_layer(req: dict[str, Any], fds: list[int]) -> None:
+    """Copy a sandbox's writable layer as the sandbox's own root: in its user namespace,
+    so host files the sandbox could not touch stay untouchable, without following any
+    symlink and with every directory opened relative to its parent (a sandbox racing
+    the copy cannot steer it anywhere else). Answers X or E on the status fd."""
+    status = fds[0]
+    try:
+        # The layer's directory first, with this process's own rights: it is reached
+        # through directories the sandbox cannot change (a tmpfs layer only through the
+        # bwrap process's root), and everything below it is read as the sandbox.
+        src = os.open(req["src"], os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        mnt = os.open(f"/proc/{req['holder']}/ns/mnt", os.O_RDONLY | os.O_CLOEXEC)
+        userns = fcntl.ioctl(mnt, NS_GET_USERNS)
+        _check(_setns(userns, CLONE_NEWUSER), "setns user")
+        _close(mnt, userns)
+        os.setresgid(0, 0, 0)  # the sandbox's root: what it creates, the sandbox owns
+        os.setresuid(0, 0, 0)
+        os.mkdir(req["dest"], 0o755)
+        dest = os.open(req["dest"], os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        copy_tree(src, dest)
+        _write(status, "X 0")
+    except OSError as exc:
+        _write(status, f"E {exc.errno or 0} {exc.strerror}: {exc.filename or req.get('src')}")
+    except BaseException as exc:
+        _write(status, f"E 0 {exc!r}")
+    os._exit(0)
+
+
+def copy_tree(src: int, dest: int) -> None:
+    """Copy the directory open at ``src`` into the empty directory open at ``dest``:
+    directories, regular files, symlinks (as links) and whiteouts (0/0 devices), with
+    modes, times and user.* xattrs (overlayfs keeps its markers there in a user
+    namespace). FIFOs and sockets do not survive. Takes both descriptors."""
+    stack = [(src, dest, sorted(os.listdir(src)))]
+    while stack:
+        sfd, dfd, names = stack[-1]
+        if not names:
+            stack.pop()
+            _copy_meta(sfd, dfd)
+            _close(sfd, dfd)
+            continue
+        name = names.pop()
+        st = os.stat(name, dir_fd=sfd, follow_symlinks=False)
+        if stat.S_ISDIR(st.st_mode):
+            sub = _open_same(name, sfd, st, os.O_RDONLY | os.O_DIRECTORY)
+            os.mkdir(name, 0o700, dir_fd=dfd)
+            dsub = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC,
+                           dir_fd=dfd)
+            stack.append((sub, dsub, sorted(os.listdir(sub))))
+        elif stat.S_ISREG(st.st_mode):
+            source = _open_same(name, sfd, st, os.O_RDONLY | os.O_NONBLOCK)
+            try:
+                target = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+                                 | os.O_CLOEXEC, 0o600, dir_fd=dfd)
+                try:
+                    _copy_bytes(source, target, st.st_size)
+                    _copy_meta(source, target)
+                finally:
+                    os.close(target)
+            finally:
+                os.close(source)
+        elif stat.S_ISLNK(st.st_mode):
+            os.symlink(os.readlink(name, dir_fd=sfd), name, dir_fd=dfd)
+            os.utime(name, ns=(st.st_atime_ns, st.st_mtime_ns), dir_fd=dfd,
+                     follow_symlinks=False)
+        elif stat.S_ISCHR(st.st_mode) and st.st_rdev == 0:  # an overlay whiteout
+            os.mknod(name, stat.S_IFCHR | 0o000, 0, dir_fd=dfd)
+
+
+def _open_same(name: str, dir_fd: int, st: os.stat_result, flags: int) -> int:
+    """Open ``name`` without following a symlink, and only if it is still the file
+    ``st`` describes (a sandbox swapping entries around gets an error, not a detour)."""
+    fd = os.open(name, flags | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
+    now = os.fstat(fd)
+    if (now.st_dev, now.st_ino) != (st.st_dev, st.st_ino):
+        os.close(fd)
+        raise OSError(errno.ESTALE, "changed while being copied", name)
+    return fd
+
+
+def _copy_bytes(source: int, target: int, size: int) -> None:
+    """copy_file_range where both sides share a filesystem (a reflink where it can),
+    sendfile across filesystems (a layer in memory, its snapshot on disk)."""
+    copied = 0
+    same_fs = True
+    while copied < size:
+        count = min(size - copied, 1 << 30)
+        if same_fs:
+            try:
+                moved = os.copy_file_range(source, target, count)
+            except OSError as exc:
+                if exc.errno not in (errno.EXDEV, errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
+                    raise
+                same_fs = False
+                continue
+        else:
+            moved = os.sendfile(target, source, copied, count)
+        if moved == 0:
+            break
+        copied += moved
+
+
+def _copy_meta(source: int, target: int) -> None:
+    """Mode, user.* xattrs and times from one open file to another."""
+    st = os.fstat(source)
+    for key in os.listxattr(source):
+        if key.startswith("user."):
+            os.setxattr(target, key, os.getxattr(source, key))
+    os.fchmod(target, stat.S_IMODE(st.st_mode))
+    os.utime(target, ns=(st.st_atime_ns, st.st_mtime_ns))
+
+
+def _mount_layer(spec: dict[str, Any]) -> None:
+    """A tmpfs of its own for a generation's writable layer, in a mount namespace of
+    its own (bwrap starts in it): ``size`` and ``nr_inodes`` bound what the sandbox can
+    write, and the memory goes back when the last process of the generation ends, with
+    nothing to delete. Unprivileged, the mount namespace needs a user namespace of its
+    own (mapping this user to itself); bwrap's then nests inside it."""
+    uid, gid = os.getuid(), os.getgid()
+    if os.geteuid() == 0:
+        _check(_unshare(CLONE_NEWNS), "unshare mount namespace")
+    else:
+        _check(_unshare(CLONE_NEWUSER | CLONE_NEWNS), "unshare user+mount namespace")
+        for name, text in (("setgroups", "deny"), ("uid_map", f"{uid} {uid} 1"),
+                           ("gid_map", f"{gid} {gid} 1")):
+            with open(f"/proc/self/{name}", "w") as f:
+                f.write(text)
+    _check(_mount(b"none", b"/", None, MS_REC | MS_PRIVATE, None), "make mounts private")
+    path = spec["path"]
+    os.mkdir(path, 0o755)
+    owner = spec.get("owner") or [uid, gid]
+    options = (f"size={spec['size']},nr_inodes={spec['inodes']},mode=0755,"
+               f"uid={owner[0]},gid={owner[1]}")
+    _check(_mount(b"tmpfs", path.encode(), b"tmpfs", MS_NOSUID | MS_NODEV, options.encode()),
+           f"mount a tmpfs on {path}")
+
+
+def _enter_cgroup(plan: dict[str, Any]) -> None:
+    """Make a generation's cgroup, write its limits, move this process into it (see
+    ``cgroups.py``): what this process starts, the sandbox, runs under those limits."""
+    for path in plan["dirs"]:
+        try:
+            os.mkdir(path, 0o755)
+        except FileExistsError:
+            pass
+    for path, value in plan["writes"]:
+        with open(path, "w") as f:
+            f.write(value)
+    _join_cgroup(plan["procs"])
+
+
+def _join_cgroup(procs: list[str]) -> None:
+    for path in procs:
+        with open(path, "w") as f:
+            f.write(str(os.getpid()))
+
+
 def _enter(req: dict[str, Any], channel: int) -> None:
     """C1: join the sandbox, create its pid namespace, fork the agent as its init."""
+    if req.get("cgroup_procs"):  # before leaving the host's mount namespace
+        _join_cgroup(req["cgroup_procs"])
     base = f"/proc/{req['holder']}"
     mnt = os.open(f"{base}/ns/mnt", os.O_RDONLY | os.O_CLOEXEC)
     others = [
@@ -189,8 +401,7 @@ def _enter(req: dict[str, Any], channel: int) -> None:
         _check(_setns(fd, flag), f"setns {name}")
     os.fchdir(root)
     os.chroot(".")
-    for fd in [mnt, root, userns, *(fd for fd, _, _ in others)]:
-        os.close(fd)
+    _close(mnt, root, userns, *(fd for fd, _, _ in others))
     _check(_unshare(CLONE_NEWPID), "unshare pid")
     agent = os.fork()
     if agent == 0:
@@ -221,9 +432,17 @@ DENIED_SYSCALLS: dict[str, tuple[int, int | None]] = {
     "io_uring_enter": (426, 426), "io_uring_register": (427, 427),
     "iopl": (172, None), "ioperm": (173, None), "uselib": (134, None),
 }
+# socket() and socketpair() may only make these families: local sockets, IP (which
+# reaches only the sandbox's own loopback unless its spec shares the host's network),
+# and netlink (route queries within its own network namespace). No AF_VSOCK to the
+# hypervisor, no AF_PACKET, AF_ALG, AF_BLUETOOTH … (kernel attack surface, other paths out).
+SOCKET_SYSCALLS: dict[str, tuple[int, int]] = {"socket": (41, 198), "socketpair": (53, 199)}
+ALLOWED_FAMILIES = (socket.AF_UNIX, socket.AF_INET, socket.AF_INET6, socket.AF_NETLINK)
 AUDIT_ARCH = {"x86_64": (0xC000003E, 0), "aarch64": (0xC00000B7, 1)}
 SECCOMP_RET_ALLOW, SECCOMP_RET_ERRNO = 0x7FFF0000, 0x00050000
 PR_SET_SECCOMP, SECCOMP_MODE_FILTER = 22, 2
+BPF_LD_W_ABS, BPF_JEQ_K, BPF_JGE_K, BPF_RET_K = 0x20, 0x15, 0x35, 0x06
+SECCOMP_NR, SECCOMP_ARCH, SECCOMP_ARG0 = 0, 4, 16  # offsets in struct seccomp_data (LE)
 
 
 def _mount_proc() -> None:
@@ -233,22 +452,41 @@ def _mount_proc() -> None:
 
 
 def _seccomp_filter() -> bytes | None:
-    """A classic-BPF program denying DENIED_SYSCALLS with EPERM (None: unknown arch)."""
+    """A classic-BPF program: DENIED_SYSCALLS fail with EPERM, sockets of any family
+    outside ALLOWED_FAMILIES with EAFNOSUPPORT (None: an unknown architecture)."""
     machine = os.uname().machine
     if machine not in AUDIT_ARCH:
         return None
     arch, column = AUDIT_ARCH[machine]
-    numbers = sorted({nr for pair in DENIED_SYSCALLS.values() if (nr := pair[column]) is not None})
-    ld, jeq, jge, ret = 0x20, 0x15, 0x35, 0x06
+    denied = sorted({nr for pair in DENIED_SYSCALLS.values() if (nr := pair[column]) is not None})
+    sockets = [pair[column] for pair in SOCKET_SYSCALLS.values()]
     deny = SECCOMP_RET_ERRNO | errno.EPERM
-    prog = [(ld, 0, 0, 4), (jeq, 1, 0, arch), (ret, 0, 0, deny), (ld, 0, 0, 0)]
+    no_family = SECCOMP_RET_ERRNO | errno.EAFNOSUPPORT
+    # Instructions as (code, jump-if-true label, jump-if-false label, k); labels resolve
+    # to relative offsets below. None = fall through to the next instruction.
+    prog: list[tuple[int, str | None, str | None, int]] = [
+        (BPF_LD_W_ABS, None, None, SECCOMP_ARCH), (BPF_JEQ_K, None, "deny", arch),
+        (BPF_LD_W_ABS, None, None, SECCOMP_NR),
+    ]
     if machine == "x86_64":  # the x32 ABI: same syscalls, other numbers
-        prog.append((jge, 0, 1, 0x40000000))
-        prog.append((ret, 0, 0, deny))
-    for i, nr in enumerate(numbers):
-        prog.append((jeq, len(numbers) - i, 0, nr))
-    prog += [(ret, 0, 0, SECCOMP_RET_ALLOW), (ret, 0, 0, deny)]
-    return b"".join(struct.pack("HBBI", *ins) for ins in prog)
+        prog.append((BPF_JGE_K, "deny", None, 0x40000000))
+    prog += [(BPF_JEQ_K, "family", None, nr) for nr in sockets]
+    prog += [(BPF_JEQ_K, "deny", None, nr) for nr in denied]
+    prog.append((BPF_RET_K, None, None, SECCOMP_RET_ALLOW))
+    labels = {"family": len(prog)}
+    prog.append((BPF_LD_W_ABS, None, None, SECCOMP_ARG0))
+    prog += [(BPF_JEQ_K, "allow", None, family) for family in ALLOWED_FAMILIES]
+    prog.append((BPF_RET_K, None, None, no_family))
+    labels["allow"] = len(prog)
+    prog.append((BPF_RET_K, None, None, SECCOMP_RET_ALLOW))
+    labels["deny"] = len(prog)
+    prog.append((BPF_RET_K, None, None, deny))
+
+    def offset(at: int, label: str | None) -> int:
+        return 0 if label is None else labels[label] - at - 1
+
+    return b"".join(struct.pack("HBBI", code, offset(i, jt), offset(i, jf), k)
+                    for i, (code, jt, jf, k) in enumerate(prog))
 
 
 def _install_seccomp() -> None:
@@ -272,7 +510,6 @@ def _become_agent(req: dict[str, Any], channel: int) -> None:
     os.setsid()
     os.setresgid(0, 0, 0)
     os.setresuid(0, 0, 0)
-    _prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
     for kind, soft, hard in req["rlimits"]:
         try:
             resource.setrlimit(kind, (soft, hard))
@@ -289,41 +526,59 @@ def _become_agent(req: dict[str, Any], channel: int) -> None:
     os.chdir("/")
     os.closerange(3, channel)
     os.closerange(channel + 1, 65536)
+    os.set_inheritable(channel, False)
     Agent(socket.socket(fileno=channel)).serve()
     os._exit(0)
 
 
 # -- the agent ----------------------------------------------------------------------------
 
+FORWARDED = ("exec", "read", "write", "connect")
 
-class Command:
-    __slots__ = ("done", "pid", "started", "status")
 
-    def __init__(self, pid: int, status: int, started: int) -> None:
-        self.pid, self.status, self.started, self.done = pid, status, started, False
+MAX_IDLE_HELPERS = 2
+REFILL_AFTER_MS = 5
+
+
+class HelperRef:
+    """The agent's view of one helper: its pid, its socket, the request it serves."""
+
+    __slots__ = ("pid", "request", "sock")
+
+    def __init__(self, pid: int, sock: socket.socket) -> None:
+        self.pid = pid
+        self.sock = sock
+        self.request: int | None = None
 
 
 class Agent:
     def __init__(self, sock: socket.socket) -> None:
         self.sock = sock
-        self.commands: dict[int, Command] = {}  # by request id
-        self.by_pid: dict[int, int] = {}
-        self.killing: dict[int, Command] = {}
+        self.helpers: dict[int, HelperRef] = {}  # by pid
+        self.by_fd: dict[int, HelperRef] = {}  # by the agent's end of its socket
+        self.jobs: dict[int, HelperRef] = {}  # by request id
+        self.idle: list[HelperRef] = []
+        self.purge = False  # a helper died from a signal: kill the strays it left
+        self.poller = select.poll()
         self.wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         signal.set_wakeup_fd(wake_w)
         signal.signal(signal.SIGCHLD, lambda *_: None)
 
     def serve(self) -> None:
-        self.warm_up()
+        self.idle.append(self.fork_helper())
         self.sock.send(b"R")  # ready
-        poller = select.poll()
-        poller.register(self.sock.fileno(), select.POLLIN)
-        poller.register(self.wake_r, select.POLLIN)
+        self.poller.register(self.sock.fileno(), select.POLLIN)
+        self.poller.register(self.wake_r, select.POLLIN)
         while True:
+            # A helper is made ahead of need only when nothing else is going on, so the
+            # fork never competes with a command that has just started.
+            timeout = REFILL_AFTER_MS if not self.idle else None
             try:
-                events = poller.poll()
+                events = self.poller.poll(timeout)
             except InterruptedError:
                 continue
+            if not events and not self.idle:
+                self.idle.append(self.fork_helper())
             for fd, _ in events:
                 if fd == self.wake_r:
                     try:
@@ -331,23 +586,27 @@ class Agent:
                     except OSError:
                         pass
                     self.reap()
+                elif fd in self.by_fd:
+                    self.helper_says(self.by_fd[fd])
                 elif not self.handle():
                     return
 
-    def warm_up(self) -> None:
-        """Walk the exec path once before the first request: a fresh fork pays its
-        copy-on-write page faults here rather than inside the first command's latency."""
-        req = json.loads(json.dumps({"op": "exec", "id": 0, "argv": ["/.rollbox-warm-up"],
-                                     "env": {}, "cwd": "/"}))
-        r, w = os.pipe2(os.O_CLOEXEC)
-        try:
-            self._spawn_in(req, [r, w, w])
-        except OSError:
-            pass
-        finally:
-            os.close(r)
-            os.close(w)
-        _processes()
+    def fork_helper(self) -> HelperRef:
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        pid = os.fork()
+        if pid == 0:  # keep nothing of the agent's: other helpers' sockets, other
+            # requests' pipes (a held write end would keep a reader from its EOF)
+            keep = theirs.fileno()
+            os.closerange(3, keep)
+            os.closerange(keep + 1, 65536)
+            Helper(theirs).serve()
+            os._exit(0)
+        theirs.close()
+        ref = HelperRef(pid, ours)
+        self.helpers[pid] = ref
+        self.by_fd[ours.fileno()] = ref
+        self.poller.register(ours.fileno(), select.POLLIN)
+        return ref
 
     def handle(self) -> bool:
         try:
@@ -356,60 +615,73 @@ class Agent:
             return True
         if not msg:
             return False
-        req = json.loads(msg)
-        op = req["op"]
-        if op == "exec":
-            self.spawn(req, fds)
-        elif op == "signal":
-            cmd = self.commands.get(req["id"])
-            if cmd is not None and not cmd.done:
+        try:
+            req = json.loads(msg)
+            op, rid = req["op"], req.get("id")
+        except (ValueError, KeyError, TypeError):
+            _close(*fds)
+            return True
+        if op in FORWARDED:
+            self.dispatch(rid, msg, fds)
+        elif op in ("signal", "kill"):
+            ref = self.jobs.get(rid)
+            if ref is not None:
+                if op == "kill":  # a command may have stopped its own helper
+                    _signal(ref.pid, signal.SIGCONT)
                 try:
-                    os.killpg(cmd.pid, req["sig"])
+                    ref.sock.send(msg)
                 except OSError:
                     pass
-        elif op == "kill":
-            cmd = self.commands.get(req["id"])
-            if cmd is not None:
-                self.kill_tree(cmd)
+            _close(*fds)
+        elif op in ("freeze", "thaw") and fds:
+            ok = freeze(op == "freeze")
+            _write(fds[0], "X 0" if ok else f"E {errno.EBUSY} its processes would not stop")
+            _close(*fds)
+        else:
+            _close(*fds)
         return True
 
-    def spawn(self, req: dict[str, Any], fds: list[int]) -> None:
-        stdio, status = fds[:3], fds[3]
-        # Not read from /proc/<pid>/stat after the spawn: that read waits until the
-        # command's exec is done, and a slow exec would hold up this whole agent.
-        started = _ticks_now()
-        for fd in fds:
-            os.set_inheritable(fd, False)
-        try:
-            pid = self._spawn_in(req, stdio)
-        except OSError as exc:
-            _write(status, f"E {exc.errno or 0} {req['argv'][0]}: {exc.strerror}")
-            pid = -1
-        for fd in stdio:
-            os.close(fd)
-        if pid < 0:
-            os.close(status)
-            return
-        _write(status, f"S {pid}")
-        cmd = Command(pid, status, started)
-        self.commands[req["id"]] = cmd
-        self.by_pid[pid] = req["id"]
-        self.reap()
+    def dispatch(self, rid: int, msg: bytes, fds: list[int]) -> None:
+        """Hand a request to an idle helper (a fresh one if none is idle)."""
+        for _ in range(3):
+            ref = self.idle.pop() if self.idle else self.fork_helper()
+            try:
+                ref.sock.sendmsg([msg], [(socket.SOL_SOCKET, socket.SCM_RIGHTS,
+                                          array.array("i", fds).tobytes())])
+            except OSError:
+                _signal(ref.pid, signal.SIGKILL)
+                continue
+            ref.request = rid
+            self.jobs[rid] = ref
+            break
+        _close(*fds)
 
-    def _spawn_in(self, req: dict[str, Any], stdio: list[int]) -> int:
-        """posix_spawn takes no working directory: enter it around the spawn."""
+    def helper_says(self, ref: HelperRef) -> None:
+        """A helper finished its request (its tree is empty): it is idle again."""
         try:
-            os.chdir(req["cwd"])
-        except OSError as exc:
-            raise OSError(exc.errno, f"cannot enter working directory {req['cwd']}: "
-                          f"{exc.strerror}") from None
-        try:
-            return os.posix_spawnp(
-                req["argv"][0], req["argv"], req["env"], setsid=True, setsigdef=DEFAULT_SIGNALS,
-                file_actions=[(os.POSIX_SPAWN_DUP2, fd, i) for i, fd in enumerate(stdio)],
-            )
-        finally:
-            os.chdir("/")
+            msg = ref.sock.recv(64)
+        except OSError:
+            msg = b""
+        if not msg:  # it is exiting: reap() forgets it
+            self.forget(ref)
+            return
+        if ref.request is not None and self.jobs.get(ref.request) is ref:
+            del self.jobs[ref.request]
+        ref.request = None
+        if len(self.idle) < MAX_IDLE_HELPERS:
+            self.idle.append(ref)
+        else:
+            self.forget(ref)  # its socket closes: it exits
+
+    def forget(self, ref: HelperRef) -> None:
+        if ref.sock.fileno() in self.by_fd:
+            del self.by_fd[ref.sock.fileno()]
+            self.poller.unregister(ref.sock.fileno())
+            ref.sock.close()
+        if ref.request is not None and self.jobs.get(ref.request) is ref:
+            del self.jobs[ref.request]
+        if ref in self.idle:
+            self.idle.remove(ref)
 
     def reap(self) -> None:
         while True:
@@ -419,87 +691,367 @@ class Agent:
                 break
             if pid == 0:
                 break
-            rid = self.by_pid.pop(pid, None)
-            if rid is not None:
-                cmd = self.commands[rid]
-                cmd.done = True
-                if rid not in self.killing:
-                    _write(cmd.status, f"X {os.waitstatus_to_exitcode(wstatus)}")
-                    os.close(cmd.status)
-                    del self.commands[rid]
-        for rid, cmd in list(self.killing.items()):
-            if not self._tree(cmd):
-                _write(cmd.status, "K")
-                os.close(cmd.status)
-                del self.killing[rid]
-                self.commands.pop(rid, None)
-            else:
-                self._kill(cmd)
+            ref = self.helpers.pop(pid, None)
+            if ref is None:
+                continue  # a stray, adopted after its helper died
+            self.forget(ref)
+            if os.WIFSIGNALED(wstatus):
+                self.purge = True
+        if self.purge:
+            strays = _strays(set(self.helpers))
+            for pid in strays:
+                _signal(pid, signal.SIGKILL)
+            self.purge = bool(strays)
 
-    def kill_tree(self, cmd: Command) -> None:
-        rid = next(r for r, c in self.commands.items() if c is cmd)
-        self.killing[rid] = cmd
-        self._kill(cmd)
-        self.reap()
 
-    def _kill(self, cmd: Command) -> None:
-        for pid in self._tree(cmd):
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except OSError:
-                pass
+def freeze(stop: bool) -> bool:
+    """Stop (or continue) every process of the sandbox but this one, until none runs.
 
-    def _tree(self, cmd: Command) -> list[int]:
-        """Live processes that belong to ``cmd`` (see the module docstring)."""
-        me = os.getpid()
-        others = {c.pid for c in self.commands.values() if c is not cmd and not c.done}
+    A process in uninterruptible sleep ("D": a vfork parent whose child was just
+    stopped, a syscall in the kernel) counts as stopped once it has been sent SIGSTOP:
+    it stops before it returns to user space."""
+    me = os.getpid()
+    signalled: set[int] = set()
+    for _ in range(FREEZE_ROUNDS):
         procs = _processes()
-        children: dict[int, list[int]] = {}
-        for pid, (ppid, _, _) in procs.items():
-            children.setdefault(ppid, []).append(pid)
-        tree: set[int] = set()
-        roots = [pid for pid, (ppid, sid, start) in procs.items()
-                 if pid != me and (sid == cmd.pid or pid == cmd.pid or (
-                     ppid == me and pid not in others and start >= cmd.started
-                     and all(procs.get(o, (0, 0, 0))[1] != sid for o in others)))]
-        while roots:
-            pid = roots.pop()
-            if pid in tree or pid == me or pid in others:
+        settled = "TtZXD" if stop else ""
+        targets = [pid for pid, (_, state) in procs.items() if pid != me and not (
+            state in settled and (state != "D" or pid in signalled))]
+        if not targets:
+            return True
+        for pid in targets:
+            _signal(pid, signal.SIGSTOP if stop else signal.SIGCONT)
+        if not stop:
+            return True
+        signalled.update(targets)
+        time.sleep(0.0005)
+    return False
+
+
+# -- helpers: one request each ------------------------------------------------------------
+
+
+class Helper:
+    """A fork of the agent that serves one request (see the module docstring)."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        signal.set_wakeup_fd(-1)  # the agent's wake-up pipe (closed with the rest)
+        self.wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        signal.set_wakeup_fd(wake_w)
+        _prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+
+    def serve(self) -> None:
+        """Serve requests one at a time until the agent closes the socket. After each,
+        the helper's subtree is empty (a command's daemons are waited for or killed)
+        and it tells the agent it is idle again."""
+        self.warm_up()
+        while True:
+            try:
+                msg, fds = _recv(self.sock)
+                req = json.loads(msg) if msg else None
+            except InterruptedError:
                 continue
-            tree.add(pid)
-            roots.extend(children.get(pid, ()))
-        return sorted(tree)
+            except (OSError, ValueError):
+                return
+            if msg == b"":
+                return
+            if not isinstance(req, dict) or req.get("op") not in FORWARDED:
+                _close(*fds)  # a late order for a request already done
+                continue
+            self.handle(req, fds)
+            try:
+                self.sock.send(b"idle")
+            except OSError:
+                return
+
+    def handle(self, req: dict[str, Any], fds: list[int]) -> None:
+        op = req.get("op")
+        try:
+            if op == "exec":
+                self.exec(req, fds)
+            elif op == "read":
+                read_file(req, fds)
+            elif op == "write":
+                write_file(req, fds)
+            elif op == "connect":
+                connect(req, fds)
+        except (KeyError, TypeError, ValueError, IndexError):
+            _close(*fds)  # a malformed request from the backend: nothing to answer on
+
+    def warm_up(self) -> None:
+        """Walk the spawn path once before the request: a fresh fork pays its copy-on-write
+        page faults here rather than inside the first command's latency."""
+        r, w = os.pipe2(os.O_CLOEXEC)
+        try:
+            _spawn({"argv": ["/.rollbox-warm-up"], "env": {}, "cwd": "/"}, [r, w, w])
+        except OSError:
+            pass
+        finally:
+            _close(r, w)
+
+    def exec(self, req: dict[str, Any], fds: list[int]) -> None:
+        stdio, status = fds[:3], fds[3]
+        try:
+            try:
+                pid = _spawn(req, stdio)
+            except OSError as exc:
+                _write(status, f"E {exc.errno or 0} {req['argv'][0]}: {exc.strerror}")
+                return
+            finally:
+                _close(*stdio)
+            try:
+                os.sched_setscheduler(pid, os.SCHED_IDLE, IDLE)
+            except OSError:
+                pass  # it has already ended
+            _write(status, f"S {pid}")
+            self.watch(req["id"], pid, status)
+        finally:
+            _close(status)
+
+    def watch(self, rid: int, pid: int, status: int) -> None:
+        """Until this helper's subtree is empty: report the command's end, take the
+        agent's orders for this request (signal its group, kill the whole tree)."""
+        killing, running = False, True
+        poller = select.poll()
+        poller.register(self.sock.fileno(), select.POLLIN)
+        poller.register(self.wake_r, select.POLLIN)
+        while True:
+            while True:  # reap whatever has ended; the command's own end is reported
+                try:
+                    child, wstatus = os.waitpid(-1, os.WNOHANG)
+                except ChildProcessError:
+                    if killing:
+                        _write(status, "K")
+                    return  # nothing left in this command's tree
+                if child == 0:
+                    break
+                if child == pid and running:
+                    running = False
+                    if not killing:
+                        _write(status, f"X {os.waitstatus_to_exitcode(wstatus)}")
+            if killing:
+                for victim in _descendants(os.getpid()):
+                    _signal(victim, signal.SIGKILL)
+            try:
+                events = poller.poll(100 if killing else None)
+            except InterruptedError:
+                continue
+            for fd, _ in events:
+                if fd == self.wake_r:
+                    try:
+                        os.read(self.wake_r, 512)
+                    except OSError:
+                        pass
+                    continue
+                try:
+                    msg = self.sock.recv(4096)
+                    order = json.loads(msg) if msg else None
+                except (OSError, ValueError):
+                    order = None
+                if not isinstance(order, dict):
+                    poller.unregister(self.sock.fileno())  # the agent is gone
+                elif order.get("id") != rid:
+                    continue  # late, for an earlier request
+                elif order.get("op") == "kill":
+                    killing = True
+                elif order.get("op") == "signal" and running:
+                    _signal(-pid, int(order.get("sig", 0)))
 
 
-def _processes() -> dict[int, tuple[int, int, int]]:
-    """pid → (ppid, session, start time in ticks) for every process in the sandbox."""
+def _spawn(req: dict[str, Any], stdio: list[int]) -> int:
+    """posix_spawn takes no working directory: enter it around the spawn."""
+    try:
+        os.chdir(req["cwd"])
+    except OSError as exc:
+        raise OSError(exc.errno, f"cannot enter working directory {req['cwd']}: "
+                      f"{exc.strerror}") from None
+    try:
+        return os.posix_spawnp(
+            req["argv"][0], req["argv"], req["env"], setsid=True, setsigdef=DEFAULT_SIGNALS,
+            file_actions=[(os.POSIX_SPAWN_DUP2, fd, i) for i, fd in enumerate(stdio)],
+        )
+    finally:
+        os.chdir("/")
+
+
+def _file_kind(mode: int) -> str:
+    for test, name in ((stat.S_ISDIR, "directory"), (stat.S_ISFIFO, "fifo"),
+                       (stat.S_ISSOCK, "socket"), (stat.S_ISCHR, "character device"),
+                       (stat.S_ISBLK, "block device")):
+        if test(mode):
+            return name
+    return "special file"
+
+
+def read_file(req: dict[str, Any], fds: list[int]) -> None:
+    """Send a regular file's bytes down the data pipe; never open anything that blocks
+    (a FIFO opens non-blocking and is refused), never send more than the limit."""
+    data, status = fds
+    try:
+        _write(status, _send_file(req["path"], int(req["limit"]), data))
+    finally:
+        _close(data, status)
+
+
+def _send_file(path: str, limit: int, data: int) -> str:
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+    except OSError as exc:
+        return f"E {exc.errno} {exc.strerror}"
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            return f"T {_file_kind(st.st_mode)}"
+        if st.st_size > limit:
+            return f"F {st.st_size}"
+        os.set_blocking(fd, True)
+        sent = 0
+        while chunk := os.read(fd, CHUNK):
+            sent += len(chunk)
+            if sent > limit:  # it grew, or a /proc file with no size
+                return f"F {sent}"
+            _write_all(data, chunk)
+        return f"X {sent}"
+    except OSError as exc:
+        return f"E {exc.errno} {exc.strerror}"
+    finally:
+        _close(fd)
+
+
+def write_file(req: dict[str, Any], fds: list[int]) -> None:
+    """Create or replace a regular file from the data pipe's bytes (parents made)."""
+    data, status = fds
+    try:
+        _write(status, _receive_file(req["path"], int(req["mode"]) & 0o7777, data))
+    finally:
+        _close(data, status)
+
+
+def _receive_file(path: str, mode: int, data: int) -> str:
+    previous = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # over RLIMIT_FSIZE: EFBIG
+    fd = -1
+    try:
+        parent = os.path.dirname(path)
+        if parent:
+            try:
+                os.makedirs(parent, 0o755, exist_ok=True)
+            except FileExistsError:  # a file, or a symlink to nowhere, where a dir should be
+                raise OSError(errno.ENOTDIR, f"{parent} is not a directory") from None
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NONBLOCK | os.O_NOCTTY
+                     | os.O_CLOEXEC, mode)
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            return f"T {_file_kind(st.st_mode)}"
+        os.set_blocking(fd, True)
+        os.fchmod(fd, mode)
+        written = 0
+        while chunk := os.read(data, CHUNK):
+            _write_all(fd, chunk)
+            written += len(chunk)
+        return f"X {written}"
+    except OSError as exc:
+        return f"E {exc.errno} {exc.strerror}"
+    finally:
+        signal.signal(signal.SIGXFSZ, previous)
+        if fd >= 0:
+            _close(fd)
+
+
+def _write_all(fd: int, chunk: bytes) -> None:
+    view = memoryview(chunk)
+    while view:
+        view = view[os.write(fd, view):]
+
+
+def connect(req: dict[str, Any], fds: list[int]) -> None:
+    """Connect to ``port`` on the sandbox's own loopback and pass the socket back."""
+    reply = socket.socket(fileno=fds[0])
+    port = int(req["port"])
+    error: OSError = OSError(errno.ECONNREFUSED, os.strerror(errno.ECONNREFUSED))
+    for family, address in ((socket.AF_INET, "127.0.0.1"), (socket.AF_INET6, "::1")):
+        conn = socket.socket(family, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+        conn.settimeout(10)
+        try:
+            conn.connect((address, port))
+        except OSError as exc:
+            error = exc
+            conn.close()
+            continue
+        try:
+            reply.sendmsg([b"ok"], [(socket.SOL_SOCKET, socket.SCM_RIGHTS,
+                                     array.array("i", [conn.fileno()]).tobytes())])
+        except OSError:
+            pass
+        conn.close()
+        reply.close()
+        return
+    try:
+        reply.send(f"E {error.errno or 0} {error.strerror}".encode())
+    except OSError:
+        pass
+    reply.close()
+
+
+# -- process table (of the sandbox's pid namespace) ----------------------------------------
+
+
+def _signal(pid: int, signum: int) -> None:
+    try:
+        os.kill(pid, signum)
+    except OSError:
+        pass
+
+
+def _processes() -> dict[int, tuple[int, str]]:
+    """pid → (ppid, state letter) for every process in the sandbox."""
     found = {}
     for name in os.listdir("/proc"):
         if not name.isdigit():
             continue
-        fields = _stat(int(name))
-        if fields is not None:
-            found[int(name)] = fields
+        try:
+            with open(f"/proc/{name}/stat", "rb") as f:
+                data = f.read()
+        except OSError:
+            continue
+        rest = data[data.rindex(b")") + 2:].split()
+        found[int(name)] = (int(rest[1]), rest[0].decode())
     return found
 
 
-def _stat(pid: int) -> tuple[int, int, int] | None:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            data = f.read()
-    except OSError:
-        return None
-    rest = data[data.rindex(b")") + 2:].split()
-    if rest[0] == b"Z":
-        return None
-    return int(rest[1]), int(rest[3]), int(rest[19])
+def _tree(procs: dict[int, tuple[int, str]], roots: list[int]) -> list[int]:
+    """``roots`` and every process below them, zombies left out."""
+    children: dict[int, list[int]] = {}
+    for pid, (ppid, _) in procs.items():
+        children.setdefault(ppid, []).append(pid)
+    found: list[int] = []
+    todo = list(roots)
+    while todo:
+        pid = todo.pop()
+        if procs.get(pid, (0, "X"))[1] not in ("Z", "X"):
+            found.append(pid)
+        todo.extend(children.get(pid, ()))
+    return found
 
 
-def _ticks_now() -> int:
-    """Now, in the unit and from the origin of /proc/<pid>/stat's start time (clock ticks
-    since boot): a process spawned after this call has a start time >= it."""
-    return int(time.clock_gettime(time.CLOCK_BOOTTIME) * CLK_TCK)
+def _descendants(root: int) -> list[int]:
+    """Every live process below ``root`` (not ``root`` itself)."""
+    procs = _processes()
+    return [pid for pid in _tree(procs, [root]) if pid != root]
+
+
+def _strays(helpers: set[int]) -> list[int]:
+    """Processes of the sandbox that no helper owns: adopted by the agent after the
+    helper above them was killed (only a command can have done that)."""
+    procs = _processes()
+    me = os.getpid()
+    owned = set(_tree(procs, sorted(helpers)))
+    roots = [pid for pid, (ppid, _) in procs.items() if ppid == me and pid not in helpers]
+    return [pid for pid in _tree(procs, roots) if pid not in owned and pid != me]
 
 
 if __name__ == "__main__":
-    zygote(socket.socket(fileno=int(sys.argv[1])))
+    try:
+        zygote(socket.socket(fileno=int(sys.argv[1])))
+    except KeyboardInterrupt:
+        pass

@@ -5,8 +5,7 @@ State directory layout (``$ROLLBOX_HOME``, see ``paths.py``)::
     images/          the image store (images.py)
     sandboxes/<id>/  upperN/ workN/ (the writable layer of generation N), bwrapN.log, when
                      scratch is on disk; in memory they are under /dev/shm (scratch.py)
-    snapshots/<id>/  frozen copies of writable layers, lower layers for forks
-    trash/           layers dropped by reset, deleted in the background
+    snapshots/<owner>/<id>/  frozen copies of writable layers, lower layers for forks
     etc/             passwd, group, hosts, hostname shown inside every sandbox
     empty/           the lowest layer of images that have no root filesystem
 """
@@ -14,6 +13,7 @@ State directory layout (``$ROLLBOX_HOME``, see ``paths.py``)::
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import resource
 import secrets
@@ -21,18 +21,28 @@ import shutil
 import uuid
 from collections.abc import Coroutine
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any
 
 from rollbox.backend import Backend, Diagnostic
-from rollbox.errors import BackendUnavailableError, CreateFailedError, ImageError, SandboxError
+from rollbox.errors import (
+    BackendUnavailableError,
+    CreateFailedError,
+    ImageError,
+    SandboxError,
+    SnapshotFailedError,
+    UsageError,
+)
 from rollbox.sandbox import Capabilities, Snapshot
 from rollbox.spec import SandboxSpec
 
+from rollbox_local import cleanup
 from rollbox_local import doctor as doctor_checks
 from rollbox_local.bwrap import Bwrap, find_bwrap, write_etc
+from rollbox_local.cgroups import Cgroups
 from rollbox_local.image_capacity import capacity_from_env
 from rollbox_local.images import Image, ImageStore
-from rollbox_local.layers import copy_layer, remove_tree
+from rollbox_local.layers import remove_tree
+from rollbox_local.owners import claim
 from rollbox_local.paths import default_home, sandbox_ids, unreachable_by
 from rollbox_local.sandbox import LocalSandbox
 from rollbox_local.scratch import Scratch
@@ -49,11 +59,13 @@ class LocalBackend(Backend):
     """Sandboxes as bubblewrap namespaces over copy-on-write layers of local images."""
 
     name = "local"
-    capabilities: ClassVar[Capabilities] = Capabilities(
+    capabilities = Capabilities(
         reset_in_place=True, snapshot=True, fork=True, streaming=True, signals=True,
-        network_none=True, network_host=True, file_transfer=True, memory_limit=True,
-        pids_limit=True, cpu_time_limit=True, file_size_limit=True, isolation=True,
+        network_none=True, network_host=True, file_transfer=True, pids_limit=True,
+        cpu_time_limit=True, file_size_limit=True, reset_command=True, isolation=True,
     )
+    """What every local backend can do; an instance adds the limits this machine lets it
+    enforce (cgroups: memory and CPU of the sandbox as a whole)."""
 
     def __init__(
         self,
@@ -62,15 +74,24 @@ class LocalBackend(Backend):
         image_capacity_bytes: int | None = None,
         images: ImageStore | None = None,
         scratch: str | Path | None = None,
+        cgroups: bool | None = None,
     ) -> None:
         """``scratch``: where sandboxes' writable layers go, ``auto`` (memory if possible),
         ``memory``, ``disk`` or a path; default ``$ROLLBOX_SCRATCH`` or auto (see
-        ``rollbox_local.scratch``)."""
+        ``rollbox_local.scratch``). ``cgroups``: None (default) uses them where this
+        machine allows, False never, True requires them (``ROLLBOX_CGROUPS=auto|on|off``
+        when not given)."""
         self.state_dir = Path(state_dir) if state_dir is not None else default_home()
         self.ids = sandbox_ids()
-        for sub in ("snapshots", "trash", "empty"):
+        for sub in ("snapshots", "empty"):
             (self.state_dir / sub).mkdir(parents=True, exist_ok=True)
+        cleanup.sweep_dead(self.state_dir)  # what crashed owners left (cleanup.py)
         self.scratch = Scratch.choose(scratch, self.state_dir)
+        self.cgroups, self.cgroups_missing = _choose_cgroups(cgroups)
+        self.capabilities = dataclasses.replace(
+            LocalBackend.capabilities, memory_limit=self.cgroups is not None,
+            cpu_limit=self.cgroups is not None, disk_limit=self.scratch.tmpfs_layers,
+            inode_limit=self.scratch.tmpfs_layers)
         self.etc_dir = self.state_dir / "etc"
         write_etc(self.etc_dir)
         if self.ids is not None:
@@ -89,6 +110,9 @@ class LocalBackend(Backend):
         self._block: tuple[int, int] | None = None
         self._sandboxes: dict[str, LocalSandbox] = {}
         self._background: set[asyncio.Task[None]] = set()
+        self._snapshots: set[Path] = set()  # layers of snapshots not dropped yet
+        self._directories: set[Path] = set()  # sandbox directories made, not yet deleted
+        self._made: set[str] = set()  # every sandbox id this backend made
         _raise_nofile_limit()
 
     # -- shared resources ----------------------------------------------------------------
@@ -147,6 +171,7 @@ class LocalBackend(Backend):
     # -- Backend API ---------------------------------------------------------------------
 
     async def create(self, spec: SandboxSpec) -> LocalSandbox:
+        self.check_spec(spec)
         image = await self.images.pin(spec.image)
         lowers = (image.rootfs or self.state_dir / "empty",)
         try:
@@ -181,15 +206,36 @@ class LocalBackend(Backend):
     def hint_upcoming(self, images: list[str] | tuple[str, ...]) -> None:  # type: ignore[override]
         self.images.hint(images)
 
-    async def snapshot_of(self, sandbox: LocalSandbox, upper: Path) -> Snapshot:
+    async def snapshot_of(self, sandbox: LocalSandbox, generation: Generation) -> Snapshot:
+        """Copy ``generation``'s writable layer into a new snapshot (the caller has
+        stopped its processes). The copy is made by a child of the zygote acting as the
+        sandbox's own root (see ``_agent.copy_tree``), into ``<id>.partial``, renamed
+        when complete: a failed copy leaves nothing behind."""
         snap_id = f"snap-{secrets.token_hex(6)}"
-        layer = self.state_dir / "snapshots" / snap_id
-        await asyncio.to_thread(copy_layer, upper, layer)
+        parent = await asyncio.to_thread(claim, self.state_dir / "snapshots",
+                                         prepare=self._give_to_sandbox_user)
+        partial, layer = parent / f"{snap_id}.partial", parent / snap_id
+        try:
+            await self.zygote.copy_layer(holder=generation.instance.holder,
+                                         src=generation.host_upper(), dest=str(partial),
+                                         timeout=sandbox.spec.timeouts.create_s)
+            await asyncio.to_thread(os.rename, partial, layer)
+        except (OSError, TimeoutError) as exc:
+            self.remove_later(partial)
+            why = "it took too long" if isinstance(exc, TimeoutError) else str(exc)
+            raise SnapshotFailedError(f"could not snapshot sandbox {sandbox.id}: {why}",
+                                      sandbox_id=sandbox.id) from None
+        self._snapshots.add(layer)
         lowers = (layer, *sandbox.lowers)
         return Snapshot(
             id=snap_id, spec=sandbox.spec, backend=self.name,
-            meta={"image": sandbox.spec.image, "lowers": os.pathsep.join(map(str, lowers))},
+            meta={"image": sandbox.spec.image, "layer": str(layer),
+                  "lowers": os.pathsep.join(map(str, lowers))},
         )
+
+    def _give_to_sandbox_user(self, directory: Path) -> None:
+        if self.ids is not None:
+            os.chown(directory, *self.ids)
 
     async def fork(self, snapshot: Snapshot) -> LocalSandbox:
         lowers = tuple(Path(p) for p in snapshot.meta["lowers"].split(os.pathsep))
@@ -204,7 +250,10 @@ class LocalBackend(Backend):
             raise
 
     async def drop_snapshot(self, snapshot: Snapshot) -> None:
-        await asyncio.to_thread(remove_tree, self.state_dir / "snapshots" / snapshot.id)
+        layer = Path(snapshot.meta.get("layer", "/nonexistent"))
+        if layer in self._snapshots:
+            self._snapshots.discard(layer)
+            await asyncio.to_thread(remove_tree, layer)
 
     def forget(self, sandbox: LocalSandbox) -> None:
         if self._sandboxes.pop(sandbox.id, None) is not None:
@@ -213,6 +262,8 @@ class LocalBackend(Backend):
     def _make_directory(self, sandbox_id: str) -> Path:
         directory = self.scratch.place() / sandbox_id
         directory.mkdir(mode=0o755)
+        self._directories.add(directory)
+        self._made.add(sandbox_id)
         if self.ids is not None:
             os.chown(directory, *self.ids)
         return directory
@@ -227,12 +278,18 @@ class LocalBackend(Backend):
     async def _remove(self, paths: tuple[Path, ...], after: Generation | None = None) -> None:
         if after is not None:
             await after.stop()
+            self.drop_cgroup(after.cgroup)
         for path in paths:
             await asyncio.to_thread(self.chores.call, "remove_tree", path)
 
+    def drop_cgroup(self, name: str | None) -> None:
+        """Remove a stopped generation's cgroup in the background."""
+        if self.cgroups is not None and name is not None:
+            self._in_background(asyncio.to_thread(self.cgroups.remove, name))
+
     def discard(self, generation: Generation) -> None:
         """Finish off a killed generation and delete its layer, off the critical path."""
-        self._in_background(self._remove((generation.upper, generation.work), generation))
+        self._in_background(self._remove(generation.leftovers, generation))
 
     def _in_background(self, work: Coroutine[Any, Any, None]) -> None:
         task = asyncio.ensure_future(work)
@@ -248,22 +305,28 @@ class LocalBackend(Backend):
         if self._background:
             await asyncio.gather(*self._background, return_exceptions=True)
         found = [f"sandbox {sid} is open" for sid in self._sandboxes]
-        for root in self.scratch.roots:
-            found += [f"directory {p}" for p in sorted(root.iterdir() if root.is_dir() else ())
-                      if p.name not in self._sandboxes]
-        found += [f"directory {p}" for p in sorted((self.state_dir / "trash").iterdir())]
-        for pid in _bwrap_processes([str(root).encode() for root in self.scratch.roots]):
+        self._directories = await asyncio.to_thread(
+            lambda: {p for p in self._directories if os.path.lexists(p)})
+        found += [f"directory {p}" for p in sorted(self._directories)
+                  if p.name not in self._sandboxes]
+        markers = [f"/{sandbox_id}/".encode() for sandbox_id in self._made]
+        for pid in _bwrap_processes(markers) if markers else []:
             found.append(f"process {pid} (bwrap) still runs")
         return found
 
     async def aclose(self) -> None:
         await asyncio.gather(*(s.close() for s in list(self._sandboxes.values())),
                              return_exceptions=True)
+        for layer in list(self._snapshots):  # a snapshot does not outlive its backend
+            self.remove_later(layer)
+        self._snapshots.clear()
         if self._background:
             await asyncio.gather(*self._background, return_exceptions=True)
         if self._owns_images:
             await self.images.aclose()
         self.chores.shutdown()
+        if self.cgroups is not None:
+            await asyncio.to_thread(self.cgroups.close)
         self.scratch.close()
         self.zygote.close()
         if self._block is not None:
@@ -271,9 +334,34 @@ class LocalBackend(Backend):
                 os.close(fd)
             self._block = None
 
+    def missing_capability_reason(self, capability: str) -> str:
+        if capability in ("memory_limit", "cpu_limit") and self.cgroups_missing:
+            return f"no cgroups ({self.cgroups_missing}); `rollbox doctor` says how to get them"
+        return ""
+
     @classmethod
     def doctor(cls) -> list[Diagnostic]:
         return doctor_checks.run_checks()
+
+    @classmethod
+    def clean(cls) -> list[str]:
+        return cleanup.sweep_dead(default_home())
+
+
+def _choose_cgroups(wanted: bool | None) -> tuple[Cgroups | None, str]:
+    """This backend's cgroups and, where it has none, why."""
+    if wanted is None:
+        setting = os.environ.get("ROLLBOX_CGROUPS", "auto").lower()
+        if setting not in ("auto", "on", "off"):
+            raise UsageError(f"ROLLBOX_CGROUPS must be auto, on or off, got {setting!r}")
+        wanted = {"auto": None, "on": True, "off": False}[setting]
+    if wanted is False:
+        return None, "turned off (ROLLBOX_CGROUPS=off)"
+    found, why = Cgroups.detect()
+    if found is None and wanted:
+        raise BackendUnavailableError(f"cgroups were asked for but {why}; run `rollbox "
+                                      "doctor`, or set ROLLBOX_CGROUPS=auto")
+    return found, why
 
 
 def _bwrap_processes(markers: list[bytes]) -> list[int]:

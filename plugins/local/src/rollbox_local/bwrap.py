@@ -88,6 +88,10 @@ class Layout:
     etc_dir: Path  # generated passwd, group, hosts, hostname
     workdir: str
     share_network: bool
+    dev_shm: Path | None = None
+    """A directory (on the layer's own tmpfs) shown as /dev/shm; None: a tmpfs of
+    ``dev_shm_bytes`` of its own."""
+    dev_shm_bytes: int = 64 * 1024 * 1024
 
 
 def sandbox_argv(bwrap: Bwrap, layout: Layout, *, block_fd: int, info_fd: int) -> list[str]:
@@ -116,7 +120,14 @@ def sandbox_argv(bwrap: Bwrap, layout: Layout, *, block_fd: int, info_fd: int) -
             argv += ["--ro-bind", f"/etc/{name}", f"/etc/{name}"]
     if not layout.share_network:
         argv += ["--ro-bind", str(layout.etc_dir / "hosts"), "/etc/hosts"]
-    argv += ["--proc", "/proc", "--dev", "/dev", "--perms", "1777", "--dir", "/tmp",
+    # /dev is read-only: what a sandbox writes goes where its disk limit counts it.
+    argv += ["--dev", "/dev"]
+    if layout.dev_shm is not None:
+        argv += ["--bind", str(layout.dev_shm), "/dev/shm"]
+    else:
+        argv += ["--size", str(layout.dev_shm_bytes), "--perms", "1777", "--tmpfs", "/dev/shm"]
+    argv += ["--remount-ro", "/dev"]
+    argv += ["--proc", "/proc", "--perms", "1777", "--dir", "/tmp",
              "--perms", "1777", "--dir", "/var/tmp", "--perms", "0700", "--dir", "/root"]
     if layout.workdir != "/":
         argv += ["--dir", layout.workdir]

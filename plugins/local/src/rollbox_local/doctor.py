@@ -13,8 +13,9 @@ from rollbox.backend import Diagnostic
 from rollbox.errors import RollboxError
 
 from rollbox_local.bwrap import find_bwrap
+from rollbox_local.cgroups import Cgroups
 from rollbox_local.paths import default_home, sandbox_ids
-from rollbox_local.scratch import SHM, memory_unavailable
+from rollbox_local.scratch import memory_unavailable
 
 
 def _read(path: str) -> str | None:
@@ -77,13 +78,41 @@ def _scratch() -> Diagnostic:
     setting = os.environ.get("ROLLBOX_SCRATCH", "auto")
     why_not = memory_unavailable()
     if setting in ("auto", "memory") and why_not is None:
-        where = f"in memory, under {SHM} (ROLLBOX_SCRATCH={setting})"
+        where = (f"in memory: a tmpfs per sandbox generation, sized by disk_mb and inodes "
+                 f"(ROLLBOX_SCRATCH={setting})")
     elif setting in ("auto", "memory"):
         where = f"on disk: {why_not} (ROLLBOX_SCRATCH={setting})"
     else:
-        where = f"ROLLBOX_SCRATCH={setting}"
+        where = f"on disk (ROLLBOX_SCRATCH={setting})"
     return Diagnostic("sandbox layers", setting != "memory" or why_not is None, where,
                       "set ROLLBOX_SCRATCH=auto or disk", required=False)
+
+
+def _limits() -> list[Diagnostic]:
+    """Which limits of a spec this machine lets the local backend enforce, and how to
+    get the others (a spec asking for one it cannot enforce is refused)."""
+    found, why = Cgroups.detect()
+    if found is not None:
+        where = f"cgroup v{found.version} under {found.bases['memory'].parent}"
+        found.close()
+    setting = os.environ.get("ROLLBOX_CGROUPS", "auto")
+    cgroup_fix = ("run as root, or under a systemd user session with delegation "
+                  "(systemd-run --user --scope -p Delegate=yes …)")
+    layers_ok = memory_unavailable() is None and os.environ.get(
+        "ROLLBOX_SCRATCH", "auto") in ("auto", "memory")
+    return [
+        Diagnostic("limit: memory_mb, cpus (whole sandbox)",
+                   found is not None and setting != "off",
+                   where if found is not None and setting != "off"
+                   else f"not enforced: {why if setting != 'off' else 'ROLLBOX_CGROUPS=off'}",
+                   cgroup_fix, required=False),
+        Diagnostic("limit: disk_mb, inodes", layers_ok,
+                   "a tmpfs per generation" if layers_ok else "not enforced: layers on disk",
+                   "ROLLBOX_SCRATCH=auto on Linux 6.6+", required=False),
+        Diagnostic("limit: pids, file_size_mb, cpu_seconds", True,
+                   "rlimits (pids per sandbox: its own user namespace counts them)"
+                   + ("; pids also by cgroup" if found is not None else "")),
+    ]
 
 
 def run_checks() -> list[Diagnostic]:
@@ -104,5 +133,6 @@ def run_checks() -> list[Diagnostic]:
     checks.append(Diagnostic("sandbox user", True, who))
     checks.append(Diagnostic("state directory", True, str(default_home()), required=False))
     checks.append(_scratch())
+    checks += _limits()
     checks.append(_trial())
     return checks

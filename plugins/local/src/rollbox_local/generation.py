@@ -1,16 +1,22 @@
-"""One generation of a sandbox: a bwrap instance, its agent, its writable layer.
+"""One generation of a sandbox: a bwrap instance, its agent, its writable layer, its
+cgroup.
 
 Reset replaces the generation. A sandbox in use boots its next generation in the
-background (a standby), so that reset is a swap and not a wait.
+background (a standby), so that reset is a swap and not a wait. A generation's writable
+layer is a tmpfs of its own where the scratch allows (``scratch.py``), holding the
+overlay's upper and work directories and what the sandbox sees as /dev/shm.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
+
+from rollbox.spec import MiB
 
 from rollbox_local.bwrap import Layout, sandbox_argv
 from rollbox_local.instance import BLOCK_FD, INFO_FD, Instance
@@ -25,7 +31,16 @@ if TYPE_CHECKING:
 class Generation:
     instance: Instance
     upper: Path
-    work: Path
+    """The overlay's upper directory, as the bwrap process sees it (on a tmpfs layer it
+    exists only in the generation's mount namespace: see ``host_upper``)."""
+    leftovers: tuple[Path, ...]
+    """What to delete on the host once it is stopped (directories, mount points)."""
+    on_tmpfs: bool = False
+    cgroup: str | None = None
+    """The name of its cgroup (``cgroups.py``), None where the backend has none."""
+    cgroup_procs: tuple[str, ...] = ()
+    on_stopped: Callable[[], None] | None = None
+    """Called once every process is gone (drops the cgroup)."""
     agent: AgentChannel | None = None
     """None until the first command: an idle warm sandbox costs only its bwrap."""
 
@@ -55,9 +70,16 @@ class Generation:
         if self._agent_boot is None:
             self._agent_boot = asyncio.ensure_future(sandbox.backend.zygote.boot_agent(
                 holder=self.instance.holder, rlimits=sandbox.rlimits, sandbox_id=sandbox.id,
-                timeout=sandbox.spec.timeouts.create_s,
+                timeout=sandbox.spec.timeouts.create_s, cgroup_procs=self.cgroup_procs,
             ))
         return self._attach(await asyncio.shield(self._agent_boot))
+
+    def host_upper(self) -> str:
+        """The upper directory as a host path: through the bwrap process's root where
+        the layer is a tmpfs mounted in the generation's own mount namespace."""
+        if self.on_tmpfs:
+            return f"/proc/{self.instance.monitor.pid}/root{self.upper}"
+        return str(self.upper)
 
     @property
     def alive(self) -> bool:
@@ -75,7 +97,8 @@ class Generation:
         self.instance.signal_kill()
 
     async def stop(self) -> None:
-        """Kill every process of this generation (its writable layer stays on disk)."""
+        """Kill every process of this generation (a tmpfs layer goes with them; one on
+        disk stays until ``leftovers`` are deleted)."""
         if self._agent_boot is not None and self.agent is None:
             with contextlib.suppress(Exception):
                 self._attach(await self._agent_boot)
@@ -83,6 +106,9 @@ class Generation:
             await self.agent.kill()
             self.agent.close()
         await self.instance.kill()
+        if self.on_stopped is not None:
+            self.on_stopped()
+            self.on_stopped = None
 
 
 async def boot_generation(sandbox: LocalSandbox, number: int, *, agent: bool = False,
@@ -95,28 +121,29 @@ async def boot_generation(sandbox: LocalSandbox, number: int, *, agent: bool = F
     standby, or a sandbox a pool warms ahead of need), so its bwrap runs niced and
     commands running now keep the CPU."""
     backend = sandbox.backend
-    upper, work = sandbox.directory / f"upper{number}", sandbox.directory / f"work{number}"
-    layout = Layout(
-        lowers=sandbox.lowers,
-        upper=upper,
-        work=work,
-        on_host=sandbox.image.on_host,
-        etc_dir=backend.etc_dir,
-        workdir=sandbox.spec.workdir,
-        share_network=sandbox.spec.network.value == "host",
-    )
-    instance = await Instance.start(
-        backend.zygote,
-        sandbox_argv(backend.bwrap, layout, block_fd=BLOCK_FD, info_fd=INFO_FD),
-        block_fd=backend.block_fd,
-        ids=backend.ids,
-        timeout=sandbox.spec.timeouts.create_s,
-        sandbox_id=sandbox.id,
-        log_path=str(sandbox.directory / f"bwrap{number}.log"),
-        make_dirs=(str(upper), str(work)),  # made by the zygote, as the sandbox user
-        nice=BACKGROUND_NICE if background else 0,
-    )
-    generation = Generation(instance, upper, work)
+    cgroup = f"{sandbox.id}-g{number}" if backend.cgroups is not None else None
+    plan = backend.cgroups.plan(cgroup, sandbox.resources) if backend.cgroups and cgroup else None
+    place = _place(sandbox, number)
+    try:
+        instance = await Instance.start(
+            backend.zygote,
+            sandbox_argv(backend.bwrap, place.layout, block_fd=BLOCK_FD, info_fd=INFO_FD),
+            block_fd=backend.block_fd,
+            ids=backend.ids,
+            timeout=sandbox.spec.timeouts.create_s,
+            sandbox_id=sandbox.id,
+            log_path=str(sandbox.directory / f"bwrap{number}.log"),
+            make_dirs=place.make_dirs,  # made by the zygote, as the sandbox user
+            nice=BACKGROUND_NICE if background else 0,
+            cgroup=plan,
+            tmpfs=place.tmpfs,
+        )
+    except BaseException:
+        backend.drop_cgroup(cgroup)
+        raise
+    generation = Generation(instance, place.layout.upper, place.leftovers,
+                            place.tmpfs is not None, cgroup, plan.procs if plan else (),
+                            lambda: backend.drop_cgroup(cgroup))
     if agent:
         try:
             await generation.start_agent(sandbox)
@@ -124,3 +151,39 @@ async def boot_generation(sandbox: LocalSandbox, number: int, *, agent: bool = F
             await generation.stop()
             raise
     return generation
+
+
+@dataclass(frozen=True)
+class _Place:
+    layout: Layout
+    make_dirs: tuple[tuple[str, int], ...]
+    leftovers: tuple[Path, ...]
+    tmpfs: dict[str, object] | None
+
+
+def _place(sandbox: LocalSandbox, number: int) -> _Place:
+    """Where generation ``number``'s writable layer goes: a tmpfs of its own sized by the
+    spec's disk limits, or directories on disk."""
+    backend = sandbox.backend
+    limits = sandbox.resources
+    assert limits.disk_mb is not None and limits.inodes is not None
+
+    def layout(upper: Path, work: Path, dev_shm: Path | None = None,
+               dev_shm_bytes: int = 0) -> Layout:
+        return Layout(
+            lowers=sandbox.lowers, upper=upper, work=work, on_host=sandbox.image.on_host,
+            etc_dir=backend.etc_dir, workdir=sandbox.spec.workdir,
+            share_network=sandbox.spec.network.value == "host", dev_shm=dev_shm,
+            dev_shm_bytes=dev_shm_bytes)
+
+    if backend.scratch.tmpfs_layers:
+        mount = sandbox.directory / f"g{number}"
+        upper, work, shm = mount / "upper", mount / "work", mount / "shm"
+        tmpfs: dict[str, object] = {
+            "path": str(mount), "size": limits.disk_mb * MiB, "inodes": limits.inodes,
+            "owner": list(backend.ids) if backend.ids else None}
+        dirs = ((str(upper), 0o755), (str(work), 0o755), (str(shm), 0o1777))
+        return _Place(layout(upper, work, dev_shm=shm), dirs, (mount,), tmpfs)
+    upper, work = sandbox.directory / f"upper{number}", sandbox.directory / f"work{number}"
+    return _Place(layout(upper, work, dev_shm_bytes=limits.disk_mb * MiB),
+                  ((str(upper), 0o755), (str(work), 0o755)), (upper, work), None)

@@ -21,6 +21,7 @@ from rollbox.errors import CreateFailedError
 from rollbox_local.pidfd import ProcessHandle
 
 if TYPE_CHECKING:
+    from rollbox_local.cgroups import CgroupPlan
     from rollbox_local.zygote import Zygote
 
 READY_POLL_S = 0.0005
@@ -75,14 +76,17 @@ class Instance(ProcessHandle):
         timeout: float,
         sandbox_id: str,
         log_path: str,
-        make_dirs: Sequence[str] = (),
+        make_dirs: Sequence[tuple[str, int]] = (),
         nice: int = 0,
+        cgroup: CgroupPlan | None = None,
+        tmpfs: dict[str, object] | None = None,
     ) -> Instance:
         loop = asyncio.get_running_loop()
         info_r, info_w = os.pipe2(os.O_CLOEXEC)
         try:
             zygote.spawn_bwrap(argv, block_fd=block_fd, info_fd=info_w, log_path=log_path,
-                               make_dirs=make_dirs, ids=ids, nice=nice)
+                               make_dirs=make_dirs, ids=ids, nice=nice, cgroup=cgroup,
+                               tmpfs=tmpfs)
         except OSError as exc:
             os.close(info_r)
             raise CreateFailedError(f"cannot start bwrap: {exc}", sandbox_id=sandbox_id) from exc

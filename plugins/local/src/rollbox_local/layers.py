@@ -1,65 +1,12 @@
-"""Copy-on-write layers on disk: copying one for a snapshot, removing one for good."""
+"""Removing a layer (or any tree rollbox made) for good."""
 
 from __future__ import annotations
 
 import contextlib
-import errno
 import os
 import shutil
-import stat
 import sys
 from pathlib import Path
-
-
-def copy_layer(src: Path, dest: Path) -> None:
-    """Copy an overlay upper directory so it can serve as a read-only lower layer.
-
-    Regular files are copied (their data may still change in the live sandbox);
-    whiteouts (0/0 character devices, never modified) are hard-linked, which needs no
-    privilege; directories keep their xattrs (the overlay's opaque markers).
-    """
-    dest.mkdir(parents=True)
-    shutil.copystat(src, dest, follow_symlinks=False)
-    for dirpath, dirnames, filenames in os.walk(src):
-        rel = Path(dirpath).relative_to(src)
-        for name in dirnames:
-            s, d = Path(dirpath, name), dest / rel / name
-            if s.is_symlink():
-                os.symlink(os.readlink(s), d)
-                continue
-            d.mkdir()
-            shutil.copystat(s, d, follow_symlinks=False)
-            _copy_owner(s, d)
-        for name in filenames:
-            s, d = Path(dirpath, name), dest / rel / name
-            st = s.lstat()
-            if stat.S_ISLNK(st.st_mode):
-                os.symlink(os.readlink(s), d)
-            elif stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode):
-                _copy_whiteout(s, d, st)
-                continue
-            elif stat.S_ISREG(st.st_mode):
-                shutil.copy2(s, d, follow_symlinks=False)
-            else:
-                continue  # sockets and fifos do not survive a snapshot
-            _copy_owner(s, d)
-
-
-def _copy_whiteout(src: Path, dest: Path, st: os.stat_result) -> None:
-    """A hard link where the layers share a filesystem; else a new 0/0 device, which
-    Linux lets anyone create since 5.8 (a layer in memory, its snapshot on disk)."""
-    try:
-        os.link(src, dest, follow_symlinks=False)
-    except OSError as exc:
-        if exc.errno != errno.EXDEV:
-            raise
-        os.mknod(dest, stat.S_IFMT(st.st_mode) | stat.S_IMODE(st.st_mode), st.st_rdev)
-
-
-def _copy_owner(src: Path, dest: Path) -> None:
-    st = src.lstat()
-    with contextlib.suppress(PermissionError):
-        os.lchown(dest, st.st_uid, st.st_gid)
 
 
 def remove_tree(path: Path) -> None:

@@ -14,6 +14,8 @@ import itertools
 import os
 import resource
 import signal
+import socket
+import stat
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -22,12 +24,12 @@ from rollbox.backend import ahead_of_need
 from rollbox.errors import (
     CommandNotFoundError,
     ExecTimeoutError,
-    PathOutsideSandboxError,
     ResetFailedError,
-    RollboxError,
     SandboxError,
     SandboxFileNotFoundError,
     SandboxLostError,
+    SnapshotFailedError,
+    UsageError,
 )
 from rollbox.sandbox import (
     ExecRequest,
@@ -38,18 +40,18 @@ from rollbox.sandbox import (
     Snapshot,
     resolve_path,
 )
-from rollbox.spec import MiB, Network, SandboxSpec
+from rollbox.spec import MiB, Network, Resources, SandboxSpec
 
 from rollbox_local.execution import Execution
+from rollbox_local.fileops import FileOps
 from rollbox_local.generation import Generation, boot_generation
-from rollbox_local.pathsafe import acting_as, make_parents, open_in_root
+from rollbox_local.statuspipe import StatusLine
 from rollbox_local.zygote import AgentChannel
 
 if TYPE_CHECKING:
     from rollbox_local.backend import LocalBackend
     from rollbox_local.images import Image
 
-KILL_GRACE_S = 2.0
 STANDBY_DELAY_S = 0.005
 RETIRE_DELAY_S = 0.05
 """How long a reset lets the old generation of a sandbox without network live on.
@@ -77,7 +79,8 @@ class LocalSandbox(Sandbox):
         self.image = image
         self.directory = directory
         self.lowers = lowers
-        self.rlimits = _rlimits(spec)
+        self.resources = backend.resources_for(spec)
+        self.rlimits = _rlimits(self.resources, memory_by_cgroup=backend.cgroups is not None)
         self._current: Generation | None = None
         self._standby: asyncio.Task[Generation] | None = None
         self._numbers = itertools.count()
@@ -85,6 +88,7 @@ class LocalSandbox(Sandbox):
         self._standby_due = False
         self._closed = False
         self._retiring: set[Generation] = set()
+        self.files = FileOps(self)
 
     # -- lifecycle -----------------------------------------------------------------------
 
@@ -153,6 +157,21 @@ class LocalSandbox(Sandbox):
             raise ResetFailedError(f"sandbox {self.id}'s fresh generation died at once",
                                    sandbox_id=self.id)
         self._current = fresh
+        if self.spec.reset_command is not None:
+            await self._run_reset_command(self.spec.reset_command)
+
+    async def _run_reset_command(self, command: str) -> None:
+        """The spec's ``reset_command`` runs after the layer is dropped, as on every
+        backend that resets in place (here the image's state is already back)."""
+        try:
+            result = await self.exec(command, timeout=self.spec.timeouts.reset_s)
+        except SandboxError as exc:
+            raise ResetFailedError(f"sandbox {self.id}: reset_command failed: {exc.message}",
+                                   sandbox_id=self.id) from exc
+        if not result.ok:
+            raise ResetFailedError(
+                f"sandbox {self.id}: reset_command exited {result.exit_code}: "
+                f"{result.stderr[-300:].decode(errors='replace')}", sandbox_id=self.id)
 
     def _retire(self, old: Generation) -> None:
         """Kill a replaced generation now (if close has not); its teardown is waited for
@@ -264,10 +283,14 @@ class LocalSandbox(Sandbox):
         )
 
     async def _kill(self, ex: Execution) -> None:
-        """Kill the command's whole tree; if the agent does not manage, the sandbox goes."""
+        """Kill the command's whole tree; if the agent does not manage, the sandbox goes.
+
+        The agent gets ``timeouts.reset_s`` to confirm: on a host short of CPU a
+        sandbox's helper may wait seconds for a turn, and a sandbox that is merely slow
+        is not lost. Only a helper kept stopped by its own command runs out the time."""
         if self._tell({"op": "kill", "id": ex.request_id}):
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(asyncio.shield(ex.ended), KILL_GRACE_S)
+                await asyncio.wait_for(asyncio.shield(ex.ended), self.spec.timeouts.reset_s)
             if ex.status.killed or ex.status.exit_code is not None:
                 return
         if self._current is not None:  # could not kill the tree: drop the whole sandbox
@@ -306,67 +329,113 @@ class LocalSandbox(Sandbox):
         self._schedule_standby()
         return process
 
-    # -- files ---------------------------------------------------------------------------
+    # -- files and ports (done by the agent, inside the sandbox: fileops.py) ---------------
 
-    def _root_fd(self) -> int:
-        path = f"/proc/{self._live().instance.holder}/root"
-        return os.open(path, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    @property
+    def file_limit_bytes(self) -> int:
+        return (self.resources.file_size_mb or 0) * MiB
+
+    async def agent_for_io(self) -> AgentChannel:
+        return await self._agent()
+
+    def next_request_id(self) -> int:
+        return next(self._request_ids)
+
+    def tell_agent(self, message: dict[str, int | str]) -> bool:
+        return self._tell(message)
+
+    def lost(self, why: str) -> SandboxLostError:
+        return SandboxLostError(f"sandbox {self.id}: {why}; retry on a fresh sandbox",
+                                sandbox_id=self.id)
 
     async def read_file(self, path: str) -> bytes:
-        target = resolve_path(path, self.spec.workdir)
-        return await asyncio.to_thread(self._read, target)
-
-    def _read(self, target: str) -> bytes:
-        root = self._root_fd()
-        try:
-            fd = open_in_root(root, target, os.O_RDONLY)
-        except OSError as exc:
-            raise self._file_error(exc, target) from exc
-        finally:
-            os.close(root)
-        with os.fdopen(fd, "rb") as f:
-            try:
-                return f.read()
-            except IsADirectoryError as exc:
-                raise self._file_error(exc, target) from exc
+        return await self.files.read(resolve_path(path, self.spec.workdir))
 
     async def write_file(self, path: str, data: bytes, *, mode: int = 0o644) -> None:
-        target = resolve_path(path, self.spec.workdir)
-        await asyncio.to_thread(self._write, target, bytes(data), mode)
+        await self.files.write(resolve_path(path, self.spec.workdir), data, mode & 0o7777)
 
-    def _write(self, target: str, data: bytes, mode: int) -> None:
-        ids = self.backend.ids
-        with acting_as(ids):
-            self._write_as_sandbox_user(target, data, mode, ids)
-
-    def _write_as_sandbox_user(self, target: str, data: bytes, mode: int,
-                               ids: tuple[int, int] | None) -> None:
-        root = self._root_fd()
+    async def upload(self, local: str | Path, remote: str) -> None:
+        source = Path(local)
         try:
-            make_parents(root, target, uid=ids[0] if ids else None, gid=ids[1] if ids else None)
-            fd = open_in_root(root, target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode & 0o7777)
+            mode = (await asyncio.to_thread(source.stat)).st_mode
         except OSError as exc:
-            raise self._file_error(exc, target) from exc
-        finally:
-            os.close(root)
-        with os.fdopen(fd, "wb") as f:
-            if ids is not None:
-                os.fchown(f.fileno(), *ids)
-            os.fchmod(f.fileno(), mode & 0o7777)
-            f.write(data)
+            raise UsageError(f"cannot upload {source}: {exc.strerror}") from exc
+        if not stat.S_ISREG(mode):
+            raise UsageError(f"cannot upload {source}: not a regular file")
+        await self.files.upload(source, resolve_path(remote, self.spec.workdir), mode & 0o7777)
 
-    def _file_error(self, exc: OSError, target: str) -> RollboxError:
-        if exc.errno == errno.ENOENT:
-            return SandboxFileNotFoundError(f"no such file in sandbox {self.id}: {target}",
-                                            sandbox_id=self.id)
-        if exc.errno in (errno.EXDEV, errno.ELOOP):
-            return PathOutsideSandboxError(f"{target} leads outside sandbox {self.id}")
-        return SandboxError(f"{target} in sandbox {self.id}: {exc.strerror}", sandbox_id=self.id)
+    async def download(self, remote: str, local: str | Path) -> None:
+        target = Path(local)
+        try:
+            await asyncio.to_thread(target.touch)
+        except OSError as exc:
+            raise UsageError(f"cannot download to {target}: {exc.strerror}") from exc
+        await self.files.download(resolve_path(remote, self.spec.workdir), target)
+
+    async def open_port(self, port: int) -> socket.socket:
+        """A new connection to ``port`` on the sandbox's own loopback (its network
+        namespace: a sandbox without network is reachable this way and no other).
+
+        The in-sandbox agent connects and passes the socket back; raises
+        PortNotOpenError when nothing accepts connections there."""
+        if isinstance(port, bool) or not isinstance(port, int) or not 0 < port < 65536:
+            raise UsageError(f"port must be an int in 1..65535, got {port!r}")
+        return await self.files.connect(port)
 
     # -- snapshots -----------------------------------------------------------------------
 
     async def snapshot(self) -> Snapshot:
-        return await self.backend.snapshot_of(self, self._live().upper)
+        """A frozen copy of the writable layer. The sandbox's processes are stopped
+        while it is copied, so they cannot change (or swap symlinks into) what is read."""
+        generation = self._live()
+        await self._freeze(generation, True)
+        try:
+            return await self.backend.snapshot_of(self, generation)
+        finally:
+            with contextlib.suppress(SandboxError):
+                await self._freeze(generation, False)
+
+    async def _freeze(self, generation: Generation, stop: bool) -> None:
+        """Through the generation's cgroup freezer where there is one, else by the
+        agent stopping every process of the sandbox."""
+        cgroups = self.backend.cgroups
+        if cgroups is not None and generation.cgroup is not None:
+            try:
+                done = await asyncio.to_thread(cgroups.freeze, generation.cgroup, stop)
+            except OSError as exc:
+                done, why = False, exc.strerror
+            else:
+                why = "the kernel did not report it done"
+            if not done:
+                raise SnapshotFailedError(
+                    f"could not {'freeze' if stop else 'thaw'} sandbox {self.id}: {why}",
+                    sandbox_id=self.id)
+            return
+        await self._freeze_by_agent(stop)
+
+    async def _freeze_by_agent(self, stop: bool) -> None:
+        agent = await self._agent()
+        st_r, st_w = os.pipe2(os.O_CLOEXEC)
+        try:
+            agent.send({"op": "freeze" if stop else "thaw"}, [st_w])
+        except OSError as exc:
+            os.close(st_r)
+            raise self.lost(f"stopped answering: {exc}") from exc
+        finally:
+            os.close(st_w)
+        status = StatusLine(st_r)
+        try:
+            async with asyncio.timeout(self.spec.timeouts.reset_s):
+                outcome = await status.final
+        except TimeoutError:
+            outcome = None
+        finally:
+            status.close()
+        if outcome is None or outcome.tag != "X":
+            why = outcome.rest if outcome is not None else "no answer"
+            raise SnapshotFailedError(f"could not {'stop' if stop else 'continue'} the "
+                                      f"processes of sandbox {self.id}: {why}",
+                                      sandbox_id=self.id)
 
 
 class LocalProcess(Process):
@@ -424,15 +493,19 @@ class LocalProcess(Process):
         return self._code
 
 
-def _rlimits(spec: SandboxSpec) -> list[tuple[int, int, int]]:
-    r = spec.resources
+def _rlimits(r: Resources, *, memory_by_cgroup: bool) -> list[tuple[int, int, int]]:
+    """Per-process limits. Memory is per process (RLIMIT_AS) only where no cgroup holds
+    the sandbox as a whole: address space is not memory, and runtimes that reserve
+    much of it (Go, the JVM, V8) fail under an RLIMIT_AS they would never fill."""
+    assert r.pids is not None and r.file_size_mb is not None and r.memory_mb is not None
     limits = [
         (resource.RLIMIT_NPROC, r.pids, r.pids),
-        (resource.RLIMIT_AS, r.memory_mb * MiB, r.memory_mb * MiB),
         (resource.RLIMIT_FSIZE, r.file_size_mb * MiB, r.file_size_mb * MiB),
         (resource.RLIMIT_NOFILE, 4096, 4096),
         (resource.RLIMIT_CORE, 0, 0),
     ]
+    if not memory_by_cgroup:
+        limits.append((resource.RLIMIT_AS, r.memory_mb * MiB, r.memory_mb * MiB))
     if r.cpu_seconds is not None:
         limits.append((resource.RLIMIT_CPU, r.cpu_seconds, r.cpu_seconds))
     return limits

@@ -1,167 +1,149 @@
-"""Where sandboxes' writable layers live: in memory when the machine allows, else on disk.
+"""Where sandboxes' writable layers live: a tmpfs of their own when the machine allows,
+else a directory on disk.
 
-A writable layer lives for one rollout. On disk it costs more than its writes: every
-reset unmounts an overlay, and overlayfs then syncs its upper filesystem, the whole of
-it, so each reset flushes every dirty page on that disk (freshly unpacked images
-included) and the next commands' reads queue behind the flush (measured on a
-discard-mounted ext4: 90 MiB of metadata written by those syncs in one bench arm, and
-first commands waiting 100 ms for a directory block). On a tmpfs that sync is free.
+In memory (the default where possible), each generation of a sandbox mounts a tmpfs of
+its own for its writable layer, /tmp and /dev/shm, sized by the spec's ``disk_mb`` and
+``inodes`` (the zygote mounts it in a mount namespace of the generation's own, see
+``_agent._mount_layer``). That enforces the disk limit, costs no disk I/O (on disk every
+reset's overlay unmount syncs the whole upper filesystem: measured 90 MiB of metadata
+per bench arm, first commands waiting 100 ms for a directory block), and frees the
+memory when the generation ends: there is nothing to delete. The pages count against
+the sandbox's memory cgroup where there is one (``memory_mb`` then bounds processes and
+files together).
 
-``ROLLBOX_SCRATCH`` (or ``LocalBackend(scratch=...)``) picks the place:
+On disk the layer is an ordinary directory: ``disk_mb`` and ``inodes`` cannot be
+enforced (the backend then does not declare them), and /dev/shm is a tmpfs of its own.
 
-* ``auto`` (default): memory if ``/dev/shm`` is a tmpfs of at least 2 GiB this kernel
-  can hold overlay upper layers on (user xattrs on tmpfs, Linux 6.6+), else disk;
-* ``memory``: like auto, but an error if memory is not possible;
+``ROLLBOX_SCRATCH`` (or ``LocalBackend(scratch=...)``) picks:
+
+* ``auto`` (default): memory where this kernel can keep overlay upper layers on tmpfs
+  inside a user namespace (user xattrs on tmpfs, Linux 6.6+), else disk;
+* ``memory``: like auto, but an error where memory is not possible;
 * ``disk``: ``<state_dir>/sandboxes``;
-* an absolute path: that directory.
+* an absolute path: that directory (on disk).
 
-Memory is bounded: a sandbox created while the tmpfs has less than ``MEMORY_RESERVE`` of
-its size free gets its layer on disk instead, and a tmpfs holds at most its size (half
-the RAM by default), so layers can fill it but not the machine. Each backend process
-uses its own directory, ``/dev/shm/rollbox-<uid>/<pid>-<token>``; those of dead
-processes are removed when a backend starts.
+Sandbox directories (the mount points, bwrap's logs; tiny) go under ``/dev/shm`` when
+that is a tmpfs, else under the state directory, in a directory per backend process
+(``owners.py``): those of dead processes are removed when a backend starts.
 """
 
 from __future__ import annotations
 
 import contextlib
-import logging
 import os
 import platform
 import re
-import secrets
 import stat
 import threading
 from pathlib import Path
 
 from rollbox.errors import UsageError
 
-from rollbox_local.layers import remove_tree
-from rollbox_local.paths import process_alive
-
-log = logging.getLogger(__name__)
+from rollbox_local.owners import claim, sweep
 
 SHM = Path("/dev/shm")
 MIN_KERNEL = (6, 6)  # tmpfs user.* xattrs, which overlayfs needs in a user namespace
-MEMORY_RESERVE = 0.10
-"""Fraction of the tmpfs kept free: below it, new layers go to disk."""
-MIN_MEMORY_BYTES = 2 * 1024**3
-"""A smaller tmpfs (a container's default /dev/shm is 64 MiB) would fill with one busy
-sandbox's writes: layers then go to disk."""
 
 
 class Scratch:
-    """Where this backend's sandbox directories go (``place()`` picks one per sandbox)."""
+    """Where this backend's sandbox directories go, and whether layers get a tmpfs."""
 
-    def __init__(self, disk: Path, memory: Path | None) -> None:
-        self.disk = disk
-        self._memory_parent = memory  # made on first use: most backends never create one
+    def __init__(self, disk: Path, memory: Path | None, *, tmpfs_layers: bool) -> None:
+        self.disk_parent = disk
+        self.memory_parent = memory  # /dev/shm/rollbox-<uid>, made on first use
+        self.tmpfs_layers = tmpfs_layers
+        """Each generation's writable layer is a tmpfs of its own (disk_mb enforced)."""
         self._lock = threading.Lock()  # place() runs in worker threads
-        self.memory: Path | None = None
+        self._placed: Path | None = None
 
     @classmethod
     def choose(cls, setting: str | Path | None, state_dir: Path) -> Scratch:
         disk = state_dir / "sandboxes"
         disk.mkdir(parents=True, exist_ok=True)
+        sweep(disk)
         choice = str(setting or os.environ.get("ROLLBOX_SCRATCH") or "auto")
         if choice == "disk":
-            return cls(disk, None)
+            return cls(disk, None, tmpfs_layers=False)
         if choice not in ("auto", "memory"):
             path = Path(choice)
             if not path.is_absolute():
                 raise UsageError(f"ROLLBOX_SCRATCH must be auto, memory, disk or an absolute "
                                  f"path, got {choice!r}")
             path.mkdir(parents=True, exist_ok=True)
-            return cls(path, None)
+            sweep(path)
+            return cls(path, None, tmpfs_layers=False)
         why_not = memory_unavailable()
-        if why_not is None and choice == "auto":
-            return cls(disk, SHM / f"rollbox-{os.geteuid()}")
-        if why_not is None:  # asked for memory: make its directory now, or say why not
-            chosen = cls(disk, None)
-            try:
-                chosen.memory = _own_directory(SHM / f"rollbox-{os.geteuid()}")
-                return chosen
-            except OSError as exc:
-                why_not = f"cannot use {SHM}: {exc}"
-        if choice == "memory":
-            raise UsageError(f"ROLLBOX_SCRATCH=memory, but {why_not}; use auto or disk")
-        return cls(disk, None)
+        if why_not is not None:
+            if choice == "memory":
+                raise UsageError(f"ROLLBOX_SCRATCH=memory, but {why_not}; use auto or disk")
+            return cls(disk, None, tmpfs_layers=False)
+        shm = SHM / f"rollbox-{os.geteuid()}" if _is_tmpfs(SHM) else None
+        if shm is not None and shm.is_dir():
+            sweep(shm)
+        return cls(disk, shm, tmpfs_layers=True)
 
     @property
     def roots(self) -> list[Path]:
-        return [self.disk] + ([self.memory] if self.memory is not None else [])
+        """The directories this backend's sandbox directories can be in."""
+        return [self.disk_parent] + ([self.memory_parent] if self.memory_parent else [])
 
     def place(self) -> Path:
-        """The parent directory for a new sandbox's directory (blocking: call it in a
-        thread)."""
+        """This process's directory for sandbox directories (blocking: call it in a
+        thread), made on first use."""
         with self._lock:
-            if self.memory is None and self._memory_parent is not None:
-                try:
-                    self.memory = _own_directory(self._memory_parent)
-                except OSError as exc:
-                    log.warning("sandbox layers go to disk: cannot use %s (%s)",
-                                self._memory_parent, exc)
-                self._memory_parent = None
-        if self.memory is not None and _free_fraction(self.memory) >= MEMORY_RESERVE:
-            return self.memory
-        return self.disk
+            if self._placed is None:
+                self._placed = self._claim()
+            return self._placed
+
+    def _claim(self) -> Path:
+        if self.memory_parent is not None:
+            try:
+                _private_parent(self.memory_parent)
+                return claim(self.memory_parent)
+            except OSError:
+                self.memory_parent = None
+        return claim(self.disk_parent)
 
     def close(self) -> None:
-        """Remove this process's memory directory if it is empty (call after every sandbox
-        directory is gone)."""
-        if self.memory is not None:
+        """Remove this process's directory if it is empty (after every sandbox's)."""
+        if self._placed is not None:
             with contextlib.suppress(OSError):
-                self.memory.rmdir()
+                self._placed.rmdir()
+            self._placed = None
 
 
 def memory_unavailable() -> str | None:
-    """Why sandbox layers cannot live in memory here, or None if they can."""
-    try:
-        if os.statvfs(SHM).f_bsize <= 0 or not SHM.is_dir():
-            return f"{SHM} is not usable"
-    except OSError:
-        return f"{SHM} does not exist"
-    if _fs_type(SHM) != "tmpfs":
-        return f"{SHM} is not a tmpfs"
-    st = os.statvfs(SHM)
-    if st.f_blocks * st.f_frsize < MIN_MEMORY_BYTES:
-        return (f"{SHM} holds only {st.f_blocks * st.f_frsize // 2**20} MiB (less than "
-                f"{MIN_MEMORY_BYTES // 2**30} GiB)")
+    """Why writable layers cannot get a tmpfs of their own here, or None if they can."""
     if _kernel() < MIN_KERNEL:
         return (f"Linux {platform.release()} cannot keep overlay upper layers on tmpfs in a "
                 "user namespace (needs 6.6+)")
+    if os.geteuid() != 0 and not _user_namespaces_allowed():
+        return "unprivileged user namespaces are not allowed here"
     return None
 
 
-def _own_directory(parent: Path) -> Path:
-    """``parent`` (created private to this user, or checked to be) and in it a fresh
-    directory for this process; directories of dead processes are removed."""
+def _private_parent(parent: Path) -> None:
+    """``parent`` (made private to this user, or checked to be)."""
     with contextlib.suppress(FileExistsError):
         parent.mkdir(mode=0o755)
     st = os.lstat(parent)
     if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o022:
         raise PermissionError(f"{parent} is not a directory owned by this user and "
                               "writable only by it")
-    for stale in parent.iterdir():
-        pid = stale.name.split("-", 1)[0]
-        if pid.isdigit() and not process_alive(int(pid)):
-            with contextlib.suppress(OSError):
-                remove_tree(stale)
-    mine = parent / f"{os.getpid()}-{secrets.token_hex(4)}"
-    mine.mkdir(mode=0o755)
-    os.chmod(mine, 0o755)  # the sandbox user (when root) must reach its directories
-    return mine
 
 
-def _free_fraction(path: Path) -> float:
+def _user_namespaces_allowed() -> bool:
     try:
-        st = os.statvfs(path)
-    except OSError:
-        return 0.0
-    return st.f_bavail / st.f_blocks if st.f_blocks else 0.0
+        return int(Path("/proc/sys/user/max_user_namespaces").read_text()) > 0
+    except (OSError, ValueError):
+        return True
 
 
-def _fs_type(path: Path) -> str | None:
+def _is_tmpfs(path: Path) -> bool:
+    return fs_type(path) == "tmpfs"
+
+
+def fs_type(path: Path) -> str | None:
     """The filesystem type of the mount ``path`` is on (from /proc/self/mountinfo)."""
     best, kind = "", None
     try:
@@ -180,4 +162,3 @@ def _fs_type(path: Path) -> str | None:
 def _kernel() -> tuple[int, int]:
     match = re.match(r"(\d+)\.(\d+)", platform.release())
     return (int(match.group(1)), int(match.group(2))) if match else (0, 0)
-

@@ -17,7 +17,9 @@ from typing import Any
 
 from rollbox.errors import BackendUnavailableError, CreateFailedError
 
+from rollbox_local.cgroups import CgroupPlan
 from rollbox_local.pidfd import ProcessHandle
+from rollbox_local.statuspipe import StatusLine
 
 AGENT_SCRIPT = Path(__file__).with_name("_agent.py")
 
@@ -57,6 +59,7 @@ class Zygote:
                 [sys.executable, "-I", "-S", str(AGENT_SCRIPT), str(theirs.fileno())],
                 pass_fds=[theirs.fileno()],
                 stdin=subprocess.DEVNULL,
+                start_new_session=True,  # Ctrl-C in the caller's terminal is not for it
                 env={},  # sandboxes can read /proc/<agent>/environ: it must hold nothing
             )
         except OSError as exc:
@@ -79,28 +82,58 @@ class Zygote:
                     raise
 
     def spawn_bwrap(self, argv: Sequence[str], *, block_fd: int, info_fd: int, log_path: str,
-                    make_dirs: Sequence[str] = (), ids: tuple[int, int] | None,
-                    nice: int = 0) -> None:
+                    make_dirs: Sequence[tuple[str, int]] = (), ids: tuple[int, int] | None,
+                    nice: int = 0, cgroup: CgroupPlan | None = None,
+                    tmpfs: dict[str, object] | None = None) -> None:
         """Start bwrap; inside its argv the block pipe is fd 3 and the info pipe fd 4.
 
         As the sandbox user, the zygote's child first creates ``make_dirs`` and opens
         ``log_path`` for bwrap's stderr: filesystem calls that can wait on a busy disk's
         journal, so they are not made on the event loop. ``nice`` > 0 for work nobody
         waits on (a standby generation), so that its setup yields the CPU to commands
-        that are running now."""
+        that are running now. ``cgroup``: the group it makes, limits and enters first.
+        ``tmpfs``: a tmpfs it mounts for the writable layer, in a mount namespace of its
+        own (``path``, ``size`` bytes, ``inodes``, ``owner``), before ``make_dirs``."""
         message = {"op": "spawn", "argv": list(argv), "nice": nice, "log": log_path,
-                   "mkdirs": list(make_dirs),
-                   "uid": ids[0] if ids else None, "gid": ids[1] if ids else None}
+                   "mkdirs": [list(d) for d in make_dirs],
+                   "uid": ids[0] if ids else None, "gid": ids[1] if ids else None,
+                   "cgroup": cgroup.as_request() if cgroup else None, "tmpfs": tmpfs}
         self._send(json.dumps(message).encode(), [block_fd, info_fd])
+
+    async def copy_layer(self, *, holder: int, src: str, dest: str, timeout: float) -> None:
+        """Copy the writable layer ``src`` to ``dest`` (which must not exist) as the
+        sandbox's own root, in the user namespace ``holder`` is in (see ``_agent.py``).
+
+        Raises OSError with the copy's reason, or TimeoutError."""
+        st_r, st_w = os.pipe2(os.O_CLOEXEC)
+        try:
+            self._send(json.dumps({"op": "copy", "holder": holder, "src": src,
+                                   "dest": dest}).encode(), [st_w])
+        except BaseException:
+            os.close(st_r)
+            raise
+        finally:
+            os.close(st_w)
+        status = StatusLine(st_r)
+        try:
+            async with asyncio.timeout(timeout):
+                outcome = await status.final
+        finally:
+            status.close()
+        if outcome is None or outcome.tag != "X":
+            code, _, why = (outcome.rest if outcome else "0 the copy died").partition(" ")
+            raise OSError(int(code) if code.isdigit() else 0, why)
 
     async def boot_agent(
         self, *, holder: int, rlimits: Sequence[tuple[int, int, int]], sandbox_id: str,
-        timeout: float,
+        timeout: float, cgroup_procs: Sequence[str] = (),
     ) -> AgentChannel:
-        """Start the agent in the namespaces ``holder`` keeps; wait until it serves."""
+        """Start the agent in the namespaces ``holder`` keeps (and in the cgroup whose
+        ``cgroup.procs`` files are given); wait until it serves."""
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         header = json.dumps(
-            {"op": "boot", "holder": holder, "rlimits": [list(r) for r in rlimits]}
+            {"op": "boot", "holder": holder, "rlimits": [list(r) for r in rlimits],
+             "cgroup_procs": list(cgroup_procs)}
         ).encode()
         try:
             self._send(header, [theirs.fileno()])

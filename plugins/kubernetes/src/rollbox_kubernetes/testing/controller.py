@@ -11,7 +11,9 @@ Controller, following upstream's documented behaviour (not its code):
   annotates the claim with ``agents.x-k8s.io/sandbox-name``, moves the Sandbox's
   ownership from pool to claim, drops the pool label, sets ``launch-type=warm``; the pool
   then replenishes. With no warm Sandbox it cold-starts one from the template. A claim on
-  a pool that does not exist gets ``Ready=False, reason WarmPoolNotFound``;
+  a pool that does not exist gets ``Ready=False, reason WarmPoolNotFound``, and one
+  whose ``additionalPodMetadata`` has a label outside upstream's default allowlist
+  (``sandbox.users.io``) ``Ready=False, reason InvalidMetadata``;
 - Sandbox ``Ready`` mirrors the pod (Running, Ready, with an IP), and the claim mirrors
   its Sandbox's ``Ready`` plus ``status.sandbox.name``; deleting a claim deletes its
   Sandbox and pod through owner references.
@@ -45,6 +47,8 @@ CORE = "agents.x-k8s.io/v1beta1"
 POOL_LABEL = "agents.x-k8s.io/warm-pool"
 LAUNCH_LABEL = "agents.x-k8s.io/launch-type"
 SANDBOX_ANNOTATION = "agents.x-k8s.io/sandbox-name"
+# Label domains a claim's additionalPodMetadata may use (upstream's default allowlist).
+LABEL_DOMAINS = ("sandbox.users.io",)
 
 
 def _owner(obj: Obj, kind: str) -> dict[str, Any]:
@@ -195,6 +199,14 @@ class FakeCluster:
             "spec": pod_template["spec"],
         })
 
+    def _network(self, ns: str, name: str, pod: Obj) -> Network:
+        """A pod's network: decided when its Sandbox made it, else (a bare pod) by the
+        NetworkPolicies that select it now, as an enforcing CNI would."""
+        if (ns, name) not in self.networks and self._denied(
+                ns, dict(pod["metadata"].get("labels") or {})):
+            self.networks[(ns, name)] = Network.NONE
+        return self.networks.get((ns, name), Network.HOST)
+
     def _denied(self, ns: str, labels: dict[str, str]) -> bool:
         """A NetworkPolicy of ``ns`` selects these labels and allows no egress."""
         for policy in self.store.list("networkpolicies", ns):
@@ -226,6 +238,16 @@ class FakeCluster:
     def _bind(self, claim: Obj) -> None:
         ns, name = claim["metadata"]["namespace"], claim["metadata"]["name"]
         pool_name = claim["spec"]["warmPoolRef"]["name"]
+        extra = (claim["spec"].get("additionalPodMetadata") or {}).get("labels") or {}
+        refused = [k for k in extra if k.partition("/")[0].lower() not in LABEL_DOMAINS
+                   and not any(k.partition("/")[0].lower().endswith("." + d)
+                               for d in LABEL_DOMAINS)]
+        if refused:  # upstream checks these before anything else
+            self.store.patch("sandboxclaims", ns, name, {"status": {"conditions": [_cond(
+                "Ready", False, "InvalidMetadata",
+                f"invalid additionalPodMetadata: label domain of {refused[0]!r} is not in "
+                "the allowlist")]}})
+            return
         pool = self.store.get("sandboxwarmpools", ns, pool_name)
         if pool is None:
             self.store.patch("sandboxclaims", ns, name, {"status": {"conditions": [_cond(
@@ -234,7 +256,6 @@ class FakeCluster:
             return
         warm = sorted(self._warm(ns, pool_name), key=lambda s: (
             not self._ready(s), int(s["metadata"]["resourceVersion"])))
-        extra = (claim["spec"].get("additionalPodMetadata") or {}).get("labels") or {}
         if warm:
             chosen = warm[0]
             labels = {k: v for k, v in (chosen["metadata"].get("labels") or {}).items()
@@ -326,7 +347,7 @@ class FakeCluster:
         env = {e["name"]: e.get("value", "") for e in container.get("env") or []}
         sandbox_spec = SandboxSpec(image=image, workdir=container.get("workingDir") or "/",
                                    env=env, resources=limits(container),
-                                   network=self.networks.get((ns, name), Network.HOST))
+                                   network=self._network(ns, name, pod))
         try:
             sandbox = await self.backing.create(sandbox_spec)
         except ImageError as exc:

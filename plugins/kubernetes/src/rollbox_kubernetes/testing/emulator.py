@@ -14,7 +14,6 @@ and backs each pod with a sandbox from any rollbox backend.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import re
 from collections import Counter
@@ -22,12 +21,12 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from aiohttp import WSMsgType, web
+from aiohttp import web
 from rollbox.backend import Backend
-from rollbox.sandbox import Process, Sandbox
 
-from rollbox_kubernetes.podexec import CLOSE, STDIN, V4, V5
+from rollbox_kubernetes.podexec import V4, V5
 from rollbox_kubernetes.testing.controller import FakeCluster
+from rollbox_kubernetes.testing.execserver import serve_exec
 from rollbox_kubernetes.testing.runtime import Runtimes
 from rollbox_kubernetes.testing.store import Conflict, Obj, Store
 
@@ -39,7 +38,6 @@ KNOWN = {
     ("networking.k8s.io", "networkpolicies"),
 }
 BUILT_IN = {"", "networking.k8s.io"}  # served with or without the agent-sandbox CRDs
-EXEC_OUTPUT_CEILING = 512 * 1024 * 1024
 _PATH = re.compile(
     r"^/(?:api/v1|apis/(?P<group>[^/]+)/(?P<version>[^/]+))"
     r"/namespaces/(?P<ns>[^/]+)(?:/(?P<plural>[^/]+)(?:/(?P<name>[^/]+)(?:/(?P<sub>[^/]+))?)?)?$"
@@ -294,37 +292,13 @@ class ApiServerEmulator:
         return response
 
     async def _exec(self, request: web.Request, ns: str, name: str) -> web.StreamResponse:
-        """Pod exec as a kubelet serves it. With a backing backend that streams: output
-        frames as the command writes them, stdin from channel 0, EOF on v5's close
-        message (255, 0); a client that goes away does not stop the command (as on
-        Kubernetes), it only closes its stdin. Otherwise the command runs to completion
-        on the stdin sent before the close message, then its output is sent."""
+        """Pod exec as a kubelet serves it (execserver.py)."""
         sandbox = self.cluster.backing_sandbox(ns, name)
         if sandbox is None:
             return _error(404, "NotFound", f'pods "{name}" not found')
-        ws = web.WebSocketResponse(protocols=self.exec_protocols, max_msg_size=0)
-        await ws.prepare(request)
-        argv = request.query.getall("command", [])
-        wants_stdin = request.query.get("stdin", "").lower() in ("true", "1")
-        transport = request.transport
-        if transport is not None:
-            self._execs.add(transport)
-        try:
-            if self.cluster.backing.capabilities.streaming:
-                code = await _exec_streamed(ws, sandbox, argv, wants_stdin)
-            else:
-                code = await _exec_collected(ws, sandbox, argv, wants_stdin)
-            status = _exit_status(code)
-        except Exception as exc:  # the runtime could not start it
-            status = {"metadata": {}, "status": "Failure", "reason": "InternalError",
-                      "message": f"exec failed: {exc}"}
-        finally:
-            if transport is not None:
-                self._execs.discard(transport)
-        with contextlib.suppress(ConnectionError):
-            await ws.send_bytes(b"\x03" + json.dumps(status).encode())
-            await ws.close()
-        return ws
+        return await serve_exec(request, sandbox,
+                                streaming=self.cluster.backing.capabilities.streaming,
+                                protocols=self.exec_protocols, open_streams=self._execs)
 
     def _crd(self, name: str) -> web.Response:
         group = name.split(".", 1)[1] if "." in name else ""
@@ -342,76 +316,3 @@ class ApiServerEmulator:
             resource = f"{resource}/{attrs['subresource']}"
         allowed = (attrs.get("verb", ""), resource) not in self.forbidden
         return web.json_response({**body, "status": {"allowed": allowed}}, status=201)
-
-
-def _exit_status(code: int) -> Obj:
-    """The status-channel ``Status``. A container runtime reports death by signal N as
-    exit code 128+N."""
-    code = 128 - code if code < 0 else code
-    if code == 0:
-        return {"metadata": {}, "status": "Success"}
-    return {"metadata": {}, "status": "Failure", "reason": "NonZeroExitCode",
-            "message": f"command terminated with non-zero exit code: {code}",
-            "details": {"causes": [{"reason": "ExitCode", "message": str(code)}]}}
-
-
-async def _exec_streamed(ws: web.WebSocketResponse, sandbox: Sandbox, argv: list[str],
-                         wants_stdin: bool) -> int:
-    # A kubelet streams whatever the command writes: no cap here (the client caps).
-    process = await sandbox.stream(argv, timeout=3600, output_limit=EXEC_OUTPUT_CEILING)
-    if not wants_stdin:
-        await process.close_stdin()
-    feeder = asyncio.ensure_future(
-        _feed_stdin(ws, process, v5=ws.ws_protocol == V5) if wants_stdin else _drain(ws))
-    try:
-        async for chunk in process:
-            channel = b"\x01" if chunk.stream == "stdout" else b"\x02"
-            with contextlib.suppress(ConnectionError):  # gone: keep draining the command
-                await ws.send_bytes(channel + chunk.data)
-        return await process.wait()
-    finally:
-        feeder.cancel()
-        await asyncio.wait({feeder})
-
-
-async def _exec_collected(ws: web.WebSocketResponse, sandbox: Sandbox, argv: list[str],
-                          wants_stdin: bool) -> int:
-    stdin = bytearray()
-    if wants_stdin:
-        async for msg in ws:
-            if msg.type != WSMsgType.BINARY or not msg.data:
-                break
-            if msg.data[0] == STDIN:
-                stdin += msg.data[1:]
-            elif msg.data[0] == CLOSE:
-                break
-    result = await sandbox.exec(argv, stdin=bytes(stdin) if wants_stdin else None,
-                                timeout=3600, output_limit=EXEC_OUTPUT_CEILING)
-    with contextlib.suppress(ConnectionError):
-        if result.stdout:
-            await ws.send_bytes(b"\x01" + result.stdout)
-        if result.stderr:
-            await ws.send_bytes(b"\x02" + result.stderr)
-    return result.exit_code
-
-
-async def _feed_stdin(ws: web.WebSocketResponse, process: Process, *, v5: bool) -> None:
-    """Channel 0 to the command's stdin; (255, 0) closes it on v5. When the client goes
-    away, stdin is closed."""
-    try:
-        async for msg in ws:
-            if msg.type != WSMsgType.BINARY or not msg.data:
-                continue
-            if msg.data[0] == STDIN:
-                with contextlib.suppress(BrokenPipeError):
-                    await process.write_stdin(msg.data[1:])
-            elif msg.data[:2] == bytes([CLOSE, STDIN]) and v5:
-                await process.close_stdin()
-    finally:
-        await process.close_stdin()
-
-
-async def _drain(ws: web.WebSocketResponse) -> None:
-    """Read (and ignore) what a client without stdin sends, so its close is seen."""
-    async for _ in ws:
-        pass

@@ -46,8 +46,9 @@ class SandboxRuntime:
 
     # -- lifecycle ---------------------------------------------------------------------
 
-    async def start(self, port: int) -> str:
-        """Listen on a free loopback address at ``port``; returns that address."""
+    async def start(self, port: int, ip: str | None = None) -> str:
+        """Listen at ``ip`` (default: a free loopback address) on ``port``; returns the
+        address."""
         result = await self.sandbox.exec(["mkdir", "-p", "--", self.base_dir], timeout=30)
         if not result.ok:
             raise OSError(f"cannot make the runtime's base dir: {result.stderr!r}")
@@ -60,18 +61,19 @@ class SandboxRuntime:
         app.router.add_get("/list/{path:.*}", self._list)
         runner = web.AppRunner(app, handle_signals=False, shutdown_timeout=0.5)
         await runner.setup()
-        for _ in range(50):
+        for _ in range(1 if ip is not None else 50):
             # 127.128 and up: apart from the unserved pod IPs of controller.py
-            ip = f"127.{random.randint(128, 254)}.{random.randint(0, 255)}.{random.randint(1, 254)}"
+            addr = ip or (f"127.{random.randint(128, 254)}.{random.randint(0, 255)}."
+                          f"{random.randint(1, 254)}")
             try:
-                await web.TCPSite(runner, ip, port).start()
+                await web.TCPSite(runner, addr, port).start()
             except OSError as exc:
-                if exc.errno == errno.EADDRINUSE:
+                if exc.errno == errno.EADDRINUSE and ip is None:
                     continue
                 await runner.cleanup()
                 raise
-            self._runner, self.ip = runner, ip
-            return ip
+            self._runner, self.ip = runner, addr
+            return addr
         await runner.cleanup()
         raise OSError(errno.EADDRINUSE, f"no free loopback address for port {port}")
 

@@ -1,0 +1,1 @@
+"""OpenHands on rollbox sandboxes: the Runtime API, warm agent-servers, RollboxWorkspace."""

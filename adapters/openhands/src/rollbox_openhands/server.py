@@ -1,0 +1,118 @@
+"""``rollbox openhands serve``: the Runtime API over HTTP (aiohttp), on a rollbox pool.
+
+    rollbox openhands serve --port 8420 --api-key KEY --warm 2
+
+then point OpenHands at it: the app server with ``RUNTIME=remote``,
+``SANDBOX_REMOTE_RUNTIME_API_URL=http://127.0.0.1:8420`` and ``SANDBOX_API_KEY=KEY``; the
+SDK's ``APIRemoteWorkspace(runtime_api_url=..., runtime_api_key=KEY, server_image=...)``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import secrets
+import signal
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+from aiohttp import web
+from rollbox import Pool, open_backend
+from rollbox.errors import UsageError
+from rollbox.spec import Network
+
+from rollbox_openhands.agent_servers import AgentServers
+from rollbox_openhands.runtime_api import RuntimeAPI
+
+API_KEY_VARIABLE = "ROLLBOX_OPENHANDS_API_KEY"
+
+
+def make_app(api: RuntimeAPI) -> web.Application:
+    """An aiohttp application answering every path with ``api``."""
+
+    async def handle(request: web.Request) -> web.Response:
+        reply = await api.handle(request.method, request.path, list(request.query.items()),
+                                 request.headers, await request.read())
+        return web.Response(status=reply.status, body=reply.encode(),
+                            content_type="application/json")
+
+    app = web.Application(client_max_size=4 * 1024 * 1024)
+    app.router.add_route("*", "/{tail:.*}", handle)
+    return app
+
+
+@contextlib.asynccontextmanager
+async def serving(api: RuntimeAPI, host: str, port: int) -> AsyncIterator[str]:
+    """Serve ``api`` on ``host:port`` (0: any free port); yields the base URL."""
+    runner = web.AppRunner(make_app(api), access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, host, port)
+    await site.start()
+    try:
+        bound = runner.addresses[0][1]
+        yield f"http://{host}:{bound}"
+    finally:
+        await runner.cleanup()
+
+
+def configure_serve(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    parser.add_argument("--port", type=int, default=8420, help="port (default 8420)")
+    parser.add_argument("--api-key", default=os.environ.get(API_KEY_VARIABLE),
+                        help=f"the X-API-Key clients send (default: ${API_KEY_VARIABLE}; "
+                             "generated and printed if unset)")
+    parser.add_argument("--warm", type=int, default=1,
+                        help="booted agent-servers kept ready per kind of /start (default 1)")
+    parser.add_argument("--backend", default=os.environ.get("ROLLBOX_BACKEND", "local"),
+                        help="rollbox backend (default: $ROLLBOX_BACKEND or 'local')")
+    parser.add_argument("--max-sandboxes", type=int, default=None,
+                        help="at most this many sandboxes at once (default: no limit)")
+    parser.add_argument("--agent-logs", default=None, metavar="DIR",
+                        help="write each agent-server's output to DIR/agent-server-SANDBOX.log")
+    parser.add_argument("--network", choices=[n.value for n in Network], default="none",
+                        help="the agent-servers' network: none (default; reached through "
+                             "rollbox, out only through --forward) or host")
+    parser.add_argument("--forward", action="append", default=[], metavar="PORT[=HOST:PORT]",
+                        help="make 127.0.0.1:PORT inside every sandbox lead to HOST:PORT "
+                             "outside (default 127.0.0.1:PORT): the LLM endpoint, say "
+                             "(repeatable)")
+
+
+def parse_forward(values: list[str]) -> dict[int, tuple[str, int]]:
+    """``["8080", "9000=10.0.0.5:443"]`` -> {8080: ("127.0.0.1", 8080), 9000: (...)}."""
+    forward: dict[int, tuple[str, int]] = {}
+    for value in values:
+        inside, _, outside = value.partition("=")
+        host, _, port = (outside or f"127.0.0.1:{inside}").rpartition(":")
+        if not (inside.isdigit() and port.isdigit() and host):
+            raise UsageError(f"--forward {value!r}: use PORT or PORT=HOST:PORT")
+        forward[int(inside)] = (host.strip("[]"), int(port))
+    return forward
+
+
+def run_serve(args: argparse.Namespace) -> int:
+    api_key = args.api_key or secrets.token_urlsafe(24)
+    if not args.api_key:
+        print(f"X-API-Key: {api_key}", file=sys.stderr)
+    return asyncio.run(_serve(args, api_key))
+
+
+async def _serve(args: argparse.Namespace, api_key: str) -> int:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, stop.set)
+    async with (
+        open_backend(args.backend) as backend,
+        Pool(backend, max_sandboxes=args.max_sandboxes) as pool,
+        AgentServers(pool, warm=args.warm, network=Network(args.network),
+                     forward=parse_forward(args.forward),
+                     log_dir=Path(args.agent_logs) if args.agent_logs else None) as servers,
+        serving(RuntimeAPI(servers, api_key), args.host, args.port) as url,
+    ):
+        print(f"OpenHands Runtime API on {url}", file=sys.stderr, flush=True)
+        await stop.wait()
+    return 0

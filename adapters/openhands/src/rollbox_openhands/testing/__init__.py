@@ -1,0 +1,1 @@
+"""Helpers for testing OpenHands on rollbox without an LLM service."""
