@@ -7,7 +7,7 @@ import platform
 
 import pytest
 from nemo_gym.sandbox import AsyncSandbox, SandboxCreateError, SandboxResources, SandboxSpec
-from rollbox.errors import ImageNotFoundError, UsageError
+from rollbox.errors import ImageNotFoundError, UnsupportedSpecError, UsageError
 from rollbox.spec import Network
 from rollbox_local import LocalBackend
 from rollbox_nemo_gym import RollboxProvider, SpecNotSupportedError
@@ -37,7 +37,8 @@ def test_every_field_lands_where_the_mapping_says() -> None:
         metadata={"harness": "t"},
         resources={"cpu": 2, "memory_mib": 512, "disk_gib": 3},
         provider_options={"network": "host", "pids": 64, "output_limit_bytes": 1000,
-                          "exec_timeout_s": 30, "reset_command": "true"},
+                          "exec_timeout_s": 30, "reset_command": "true", "inodes": 5000,
+                          "best_effort": True},
     ), CONFIG)
     spec = mapped.spec
     assert spec.image == "host-python-3.12-slim"
@@ -46,7 +47,8 @@ def test_every_field_lands_where_the_mapping_says() -> None:
     assert spec.labels == {"harness": "t"}
     assert (spec.resources.cpus, spec.resources.memory_mb, spec.resources.disk_mb) == (
         2.0, 512, 3 * 1024)
-    assert spec.resources.pids == 64
+    assert (spec.resources.pids, spec.resources.inodes, spec.resources.best_effort) == (
+        64, 5000, True)
     assert spec.network is Network.HOST
     assert spec.output_limit_bytes == 1000
     assert spec.timeouts.exec_s == 30
@@ -59,6 +61,7 @@ def test_unset_fields_take_the_providers_defaults() -> None:
     assert (mapped.spec.image, mapped.spec.workdir, mapped.spec.network) == ("host", "/",
                                                                               Network.NONE)
     assert mapped.spec.resources.memory_mb == 1024  # the provider's resources default
+    assert mapped.spec.resources.cpus is None  # unset: the backend's default
     assert (mapped.ttl_s, mapped.ready_timeout_s, mapped.files) == (None, None, {})
 
 
@@ -82,6 +85,7 @@ def test_a_field_rollbox_cannot_honour_is_refused(fields: dict[str, object], say
     with pytest.raises(SpecNotSupportedError, match=says) as caught:
         map_spec(SandboxSpec(**fields), CONFIG)  # type: ignore[arg-type]
     assert isinstance(caught.value, ValueError) and isinstance(caught.value, UsageError)
+    assert isinstance(caught.value, UnsupportedSpecError) and caught.value.field
 
 
 @pytest.mark.skipif(has_spec_field("entrypoint"), reason="rollbox has SandboxSpec.entrypoint")

@@ -118,7 +118,8 @@ class RollboxProvider:
         if user not in (None, "root", 0, "0"):
             raise SpecNotSupportedError(
                 f"exec user={user!r}: rollbox runs commands as the sandbox's root (uid 0 "
-                "inside, unprivileged outside); switch users inside the command instead"
+                "inside, unprivileged outside); switch users inside the command instead",
+                field="exec.user", backend=self.config.backend_name,
             )
         box = _box(handle)
         timeout = float(timeout_s) if timeout_s is not None else self.config.default_timeout_s
@@ -228,7 +229,8 @@ class RollboxProvider:
         if mapped.ports and not getattr(shared.backend.capabilities, "ports", False):
             raise SpecNotSupportedError(
                 f"SandboxSpec.ports {list(mapped.ports)}: the {shared.backend.name} backend "
-                "cannot expose sandbox ports; reach the service with exec instead"
+                "cannot expose sandbox ports; reach the service with exec instead",
+                field="SandboxSpec.ports", backend=shared.backend.name,
             )
         try:
             lease = await shared.pool.acquire(mapped.spec, timeout=mapped.ready_timeout_s)

@@ -18,8 +18,9 @@ concerns one sandbox's life — ``files`` written after it is handed out, ``ttl_
 - ``ttl_s`` → the sandbox is ended that long after ``create`` returned it
 - ``ready_timeout_s`` → the longest ``create`` may take, waiting for the pool included
 - ``provider_options`` → rollbox fields NeMo Gym has no name for: ``network``,
-  ``output_limit_bytes``, ``reset_command``, ``pids``, ``file_size_mb``,
-  ``cpu_seconds``, ``exec_timeout_s``, ``reset_timeout_s``; ``platform``
+  ``output_limit_bytes``, ``reset_command``, ``pids``, ``inodes``, ``file_size_mb``,
+  ``cpu_seconds``, ``best_effort`` (accept limits the backend may not enforce),
+  ``exec_timeout_s``, ``reset_timeout_s``; ``platform``
   (``{os, arch}``, OpenSandbox's key) is checked against this machine for the local
   backend; any other key is refused
 
@@ -39,14 +40,14 @@ from typing import Any
 import rollbox
 from nemo_gym.sandbox import SandboxResources
 from nemo_gym.sandbox import SandboxSpec as NemoSpec
-from rollbox.errors import InvalidSpecError
+from rollbox.errors import InvalidSpecError, UnsupportedSpecError
 from rollbox.spec import Resources, Timeouts
 
 from rollbox_nemo_gym.config import ProviderConfig, network
 
 PROVIDER_OPTIONS = frozenset({
     "network", "output_limit_bytes", "reset_command", "pids", "file_size_mb", "cpu_seconds",
-    "exec_timeout_s", "reset_timeout_s", "platform",
+    "exec_timeout_s", "reset_timeout_s", "platform", "inodes", "best_effort",
 })
 """The ``SandboxSpec.provider_options`` keys rollbox understands."""
 
@@ -59,11 +60,10 @@ others, so a field NeMo Gym adds is never silently dropped)."""
 MAPPED_RESOURCES = frozenset({"cpu", "memory_mib", "disk_gib", "gpu", "gpu_type"})
 
 
-class SpecNotSupportedError(InvalidSpecError, ValueError):
-    """A NeMo Gym SandboxSpec field rollbox cannot honour (a ValueError too, which is what
-    NeMo Gym's callers expect of a value a provider cannot honour)."""
-
-    kind = "spec_not_supported"
+class SpecNotSupportedError(UnsupportedSpecError, ValueError):
+    """A NeMo Gym SandboxSpec field rollbox cannot honour: rollbox's UnsupportedSpecError
+    (``field``, ``backend``), and a ValueError, which is what NeMo Gym's callers expect of
+    a value a provider cannot honour."""
 
 
 @dataclass(frozen=True)
@@ -92,7 +92,9 @@ def map_spec(spec: NemoSpec, config: ProviderConfig) -> MappedSpec:
         raise SpecNotSupportedError(
             f"SandboxSpec.provider_options {', '.join(sorted(unknown))} mean nothing to the "
             f"rollbox provider; it understands {', '.join(sorted(PROVIDER_OPTIONS))}. Drop "
-            "the options another provider's config put there"
+            "the options another provider's config put there",
+            field=f"SandboxSpec.provider_options.{sorted(unknown)[0]}",
+            backend=config.backend_name,
         )
     if options.get("platform") is not None:
         _check_platform(options["platform"], config)
@@ -101,7 +103,8 @@ def map_spec(spec: NemoSpec, config: ProviderConfig) -> MappedSpec:
         if not has_spec_field("entrypoint"):
             raise SpecNotSupportedError(
                 "SandboxSpec.entrypoint: this rollbox has no long-running entrypoint yet; "
-                "start the service with exec (a command ending in '&') instead"
+                "start the service with exec (a command ending in '&') instead",
+                field="SandboxSpec.entrypoint", backend=config.backend_name,
             )
         extra["entrypoint"] = tuple(str(part) for part in spec.entrypoint)
     if options.get("reset_command") is not None:
@@ -145,7 +148,8 @@ def _check_platform(wanted: object, config: ProviderConfig) -> None:
     if config.backend_name != "local":
         raise SpecNotSupportedError(
             f"SandboxSpec.provider_options.platform: the {config.backend_name} backend cannot "
-            "choose a platform; drop it"
+            "choose a platform; drop it",
+            field="SandboxSpec.provider_options.platform", backend=config.backend_name,
         )
     machine = platform.machine().lower()
     here = {"os": platform.system().lower(), "arch": _ARCH_NAMES.get(machine, machine)}
@@ -154,7 +158,8 @@ def _check_platform(wanted: object, config: ProviderConfig) -> None:
         if _ARCH_NAMES.get(value, value) != here[key]:
             raise SpecNotSupportedError(
                 f"SandboxSpec.provider_options.platform {key}={wanted[key]!r}: local sandboxes "
-                f"run on this machine ({here['os']}/{here['arch']})"
+                f"run on this machine ({here['os']}/{here['arch']})",
+                field=f"SandboxSpec.provider_options.platform.{key}", backend="local",
             )
 
 
@@ -165,7 +170,8 @@ def _resources(spec: NemoSpec, config: ProviderConfig, options: Mapping[str, Any
     if wanted.gpu or wanted.gpu_type:
         raise SpecNotSupportedError(
             f"SandboxSpec.resources gpu={wanted.gpu!r} gpu_type={wanted.gpu_type!r}: rollbox "
-            "sandboxes run on CPUs only; use a GPU provider for this environment"
+            "sandboxes run on CPUs only; use a GPU provider for this environment",
+            field="SandboxSpec.resources.gpu", backend=config.backend_name,
         )
     defaults = config.resources
     cpu = wanted.cpu if wanted.cpu is not None else defaults.get("cpu")
@@ -178,7 +184,7 @@ def _resources(spec: NemoSpec, config: ProviderConfig, options: Mapping[str, Any
         limits["memory_mb"] = _whole(memory_mib, "resources.memory_mib")
     if disk_gib is not None:
         limits["disk_mb"] = _whole(disk_gib * 1024, "resources.disk_gib")
-    for name in ("pids", "file_size_mb", "cpu_seconds"):
+    for name in ("pids", "inodes", "file_size_mb", "cpu_seconds", "best_effort"):
         if options.get(name) is not None:
             limits[name] = options[name]
     return dataclasses.replace(Resources(), **limits)
