@@ -65,6 +65,8 @@ def spec_demands(spec: SandboxSpec) -> dict[str, str]:
         f"network={spec.network.value!r}")
     if spec.reset_command is not None:
         demands["reset_command"] = "reset_command"
+    if spec.entrypoint is not None:
+        demands["entrypoint"] = "entrypoint"
     return demands
 
 

@@ -56,6 +56,8 @@ class Capabilities:
     """resources.inodes: files and directories the sandbox may create."""
     reset_command: bool = False
     """SandboxSpec.reset_command runs after each reset."""
+    entrypoint: bool = False
+    """SandboxSpec.entrypoint runs in every fresh sandbox (and ready_port is waited for)."""
     isolation: bool = False
     """Processes, files and network of the host are out of reach (a real boundary)."""
     signal_exit_codes: bool = True

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import posixpath
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
@@ -133,6 +133,14 @@ class SandboxSpec:
     output_limit_bytes: int = 4 * MiB
     reset_command: str | None = None
     labels: Mapping[str, str] = field(default_factory=FrozenMap)
+    entrypoint: tuple[str, ...] | None = None
+    """A long-running command (argv) that every fresh sandbox starts before it is handed
+    out, and starts again after each reset: a service such as an agent-server. It runs in
+    ``workdir`` with the spec's environment, its output discarded (redirect inside it to
+    keep logs). It is no command's tree: no timeout kills it; reset and close do."""
+    ready_port: int | None = None
+    """With ``entrypoint``: the sandbox is handed out (created, reset) only once something
+    accepts connections on this port inside it, within ``timeouts.create_s``."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.image, str) or not self.image.strip():
@@ -155,6 +163,7 @@ class SandboxSpec:
             if not key or "=" in key or "\0" in key:
                 raise InvalidSpecError(f"SandboxSpec.env has an invalid variable name {key!r}")
         _positive("output_limit_bytes", self.output_limit_bytes)
+        _check_entrypoint(self)
 
     def __hash__(self) -> int:
         # Specs key every pool and plan lookup; the generated hash would walk all nested
@@ -176,6 +185,24 @@ class SandboxSpec:
         fields = {name: getattr(self, name) for name in self.__dataclass_fields__}
         fields.update(changes)
         return SandboxSpec(**fields)
+
+
+def _check_entrypoint(spec: SandboxSpec) -> None:
+    if spec.entrypoint is not None:
+        if isinstance(spec.entrypoint, str) or not isinstance(spec.entrypoint, Sequence):
+            raise InvalidSpecError("SandboxSpec.entrypoint must be an argv: a list of str")
+        argv = tuple(spec.entrypoint)
+        if not argv or not all(isinstance(a, str) and "\0" not in a for a in argv) \
+                or not argv[0]:
+            raise InvalidSpecError("SandboxSpec.entrypoint must be a non-empty list of str "
+                                   f"without NUL, got {spec.entrypoint!r}")
+        object.__setattr__(spec, "entrypoint", argv)
+    port = spec.ready_port
+    if port is not None:
+        if isinstance(port, bool) or not isinstance(port, int) or not 0 < port < 65536:
+            raise InvalidSpecError(f"SandboxSpec.ready_port must be in 1..65535, got {port!r}")
+        if spec.entrypoint is None:
+            raise InvalidSpecError("SandboxSpec.ready_port needs an entrypoint to wait for")
 
 
 def _frozen(name: str, value: Mapping[str, str]) -> FrozenMap:

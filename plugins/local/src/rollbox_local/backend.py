@@ -62,7 +62,8 @@ class LocalBackend(Backend):
     capabilities = Capabilities(
         reset_in_place=True, snapshot=True, fork=True, streaming=True, signals=True,
         network_none=True, network_host=True, file_transfer=True, pids_limit=True,
-        cpu_time_limit=True, file_size_limit=True, reset_command=True, isolation=True,
+        cpu_time_limit=True, file_size_limit=True, reset_command=True, entrypoint=True,
+        isolation=True,
     )
     """What every local backend can do; an instance adds the limits this machine lets it
     enforce (cgroups: memory and CPU of the sandbox as a whole)."""

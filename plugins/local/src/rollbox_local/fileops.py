@@ -93,10 +93,11 @@ class FileOps:
                                  to_sandbox=True)
         self._check(outcome, path)
 
-    async def connect(self, port: int) -> socket.socket:
-        """A connected socket to ``port`` on the sandbox's own loopback."""
+    async def connect(self, port: int, agent: AgentChannel | None = None) -> socket.socket:
+        """A connected socket to ``port`` on the sandbox's own loopback (through
+        ``agent``, a given generation's, else the current one's)."""
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        agent = await self.sandbox.agent_for_io()
+        agent = agent or await self.sandbox.agent_for_io()
         rid = self.sandbox.next_request_id()
         loop = asyncio.get_running_loop()
         try:

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 from rollbox.spec import MiB
 
 from rollbox_local.bwrap import Layout, sandbox_argv
+from rollbox_local.entrypoint import start_entrypoint
 from rollbox_local.instance import BLOCK_FD, INFO_FD, Instance
 from rollbox_local.workers import BACKGROUND_NICE
 from rollbox_local.zygote import AgentChannel
@@ -144,9 +145,11 @@ async def boot_generation(sandbox: LocalSandbox, number: int, *, agent: bool = F
     generation = Generation(instance, place.layout.upper, place.leftovers,
                             place.tmpfs is not None, cgroup, plan.procs if plan else (),
                             lambda: backend.drop_cgroup(cgroup))
-    if agent:
+    if agent or sandbox.spec.entrypoint is not None:
         try:
             await generation.start_agent(sandbox)
+            if sandbox.spec.entrypoint is not None:
+                await start_entrypoint(sandbox, generation)
         except BaseException:
             await generation.stop()
             raise

@@ -26,6 +26,8 @@ class StatusLine:
         self._fd = fd
         self._buf = b""
         self.final: asyncio.Future[Outcome | None] = self._loop.create_future()
+        self.started: asyncio.Future[None] = self._loop.create_future()
+        """Set on an ``S`` line (a command began), or with ``final``."""
         os.set_blocking(fd, False)
         self._loop.add_reader(fd, self._readable)
 
@@ -43,12 +45,16 @@ class StatusLine:
         *lines, self._buf = self._buf.split(b"\n")
         for line in lines:
             tag, _, rest = line.decode(errors="replace").partition(" ")
+            if tag == "S" and not self.started.done():
+                self.started.set_result(None)
             if tag in FINAL_TAGS:
                 self._finish(Outcome(tag, rest))
 
     def _finish(self, outcome: Outcome | None) -> None:
         if not self.final.done():
             self.final.set_result(outcome)
+        if not self.started.done():
+            self.started.set_result(None)
         self.close()
 
     def close(self) -> None:
