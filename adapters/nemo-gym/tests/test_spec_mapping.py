@@ -7,12 +7,17 @@ import platform
 
 import pytest
 from nemo_gym.sandbox import AsyncSandbox, SandboxCreateError, SandboxResources, SandboxSpec
-from rollbox.errors import ImageNotFoundError, UnsupportedSpecError, UsageError
+from rollbox.errors import (
+    ImageNotFoundError,
+    InvalidSpecError,
+    UnsupportedSpecError,
+    UsageError,
+)
 from rollbox.spec import Network
 from rollbox_local import LocalBackend
 from rollbox_nemo_gym import RollboxProvider, SpecNotSupportedError
 from rollbox_nemo_gym.config import ProviderConfig
-from rollbox_nemo_gym.specs import MAPPED_FIELDS, MAPPED_RESOURCES, has_spec_field, map_spec
+from rollbox_nemo_gym.specs import MAPPED_FIELDS, MAPPED_RESOURCES, map_spec
 
 CONFIG = ProviderConfig.from_options({
     "image_rewrites": [{"from": "docker.io/library/python:", "to": "host-python-"}],
@@ -88,10 +93,16 @@ def test_a_field_rollbox_cannot_honour_is_refused(fields: dict[str, object], say
     assert isinstance(caught.value, UnsupportedSpecError) and caught.value.field
 
 
-@pytest.mark.skipif(has_spec_field("entrypoint"), reason="rollbox has SandboxSpec.entrypoint")
-def test_an_entrypoint_is_refused_while_rollbox_has_none() -> None:
-    with pytest.raises(SpecNotSupportedError, match="entrypoint"):
-        map_spec(SandboxSpec(entrypoint=["python3", "-m", "http.server"]), CONFIG)
+def test_an_entrypoint_waits_for_its_ready_port() -> None:
+    server = ["python3", "-m", "http.server", "8000"]
+    declared = map_spec(SandboxSpec(entrypoint=server, ports=[8000, 9000]), CONFIG).spec
+    assert (declared.entrypoint, declared.ready_port) == (tuple(server), 8000)
+    named = map_spec(SandboxSpec(entrypoint=server, ports=[8000],
+                                 provider_options={"ready_port": 9000}), CONFIG).spec
+    assert named.ready_port == 9000
+    assert map_spec(SandboxSpec(entrypoint=server), CONFIG).spec.ready_port is None
+    with pytest.raises(InvalidSpecError, match="ready_port needs an entrypoint"):
+        map_spec(SandboxSpec(provider_options={"ready_port": 80}), CONFIG)
 
 
 def test_this_machines_platform_is_accepted() -> None:

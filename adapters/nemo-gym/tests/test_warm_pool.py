@@ -102,3 +102,24 @@ async def test_a_cancelled_command_is_killed_and_the_sandbox_stays_usable() -> N
                 await sandbox.exec("sleep 30")
         still = await sandbox.exec("ps -eo comm | grep -c '^sleep' || true")
         assert (still.return_code, still.stdout) == (0, "0\n")
+
+
+SERVICE = SandboxSpec(
+    workdir="/srv",
+    entrypoint=["python3", "-m", "http.server", "8123", "--bind", "127.0.0.1"],
+    provider_options={"ready_port": 8123},
+)
+FETCH = ("python3 -c 'import urllib.request; print(urllib.request.urlopen("
+         "\"http://127.0.0.1:8123/\", timeout=5).status)'")
+
+
+async def test_an_entrypoint_is_running_when_create_returns_and_after_each_reset() -> None:
+    config = {"rollbox": {"keep_warm_s": 60}}
+    for _ in range(2):  # the second session gets the first one's sandbox, reset
+        async with AsyncSandbox(config, SERVICE) as sandbox:
+            await sandbox.start()
+            served = await sandbox.exec(FETCH + "; ls")
+            assert served.stdout == "200\n", served  # no wait: it was ready at hand-out
+            await sandbox.exec("touch left-behind")
+    (shared,) = shared_pools()
+    assert shared.pool.metrics.counters["creations"] == 1

@@ -12,7 +12,9 @@ concerns one sandbox's life — ``files`` written after it is handed out, ``ttl_
 - ``files`` → written into the sandbox by ``create`` (relative paths from ``workdir``)
 - ``resources``: ``cpu`` → ``cpus``, ``memory_mib`` → ``memory_mb`` (MiB), ``disk_gib``
   → ``disk_mb`` (times 1024); ``gpu`` and ``gpu_type`` are refused: no GPUs in rollbox
-- ``entrypoint`` → ``SandboxSpec.entrypoint`` where rollbox has it, else refused
+- ``entrypoint`` → ``SandboxSpec.entrypoint``, started in every fresh sandbox and after
+  every reset; ``create`` returns once its ``ready_port`` accepts connections:
+  ``provider_options.ready_port``, else the first of ``ports``, else no wait
 - ``ports`` → the ports ``endpoint`` may expose (``Sandbox.endpoint``); refused by
   ``create`` where the backend cannot expose ports
 - ``ttl_s`` → the sandbox is ended that long after ``create`` returned it
@@ -47,7 +49,7 @@ from rollbox_nemo_gym.config import ProviderConfig, network
 
 PROVIDER_OPTIONS = frozenset({
     "network", "output_limit_bytes", "reset_command", "pids", "file_size_mb", "cpu_seconds",
-    "exec_timeout_s", "reset_timeout_s", "platform", "inodes", "best_effort",
+    "exec_timeout_s", "reset_timeout_s", "platform", "inodes", "best_effort", "ready_port",
 })
 """The ``SandboxSpec.provider_options`` keys rollbox understands."""
 
@@ -78,11 +80,6 @@ class MappedSpec:
     ports: tuple[int, ...]
 
 
-def has_spec_field(name: str) -> bool:
-    """Whether this rollbox's SandboxSpec has ``name`` (fields land over time)."""
-    return name in rollbox.SandboxSpec.__dataclass_fields__
-
-
 def map_spec(spec: NemoSpec, config: ProviderConfig) -> MappedSpec:
     """``spec`` in rollbox's terms, or SpecNotSupportedError / InvalidSpecError naming
     the field."""
@@ -100,13 +97,10 @@ def map_spec(spec: NemoSpec, config: ProviderConfig) -> MappedSpec:
         _check_platform(options["platform"], config)
     extra: dict[str, Any] = {}
     if spec.entrypoint:
-        if not has_spec_field("entrypoint"):
-            raise SpecNotSupportedError(
-                "SandboxSpec.entrypoint: this rollbox has no long-running entrypoint yet; "
-                "start the service with exec (a command ending in '&') instead",
-                field="SandboxSpec.entrypoint", backend=config.backend_name,
-            )
-        extra["entrypoint"] = tuple(str(part) for part in spec.entrypoint)
+        extra["entrypoint"] = spec.entrypoint
+        extra["ready_port"] = options.get("ready_port", spec.ports[0] if spec.ports else None)
+    elif options.get("ready_port") is not None:
+        raise InvalidSpecError("SandboxSpec.provider_options.ready_port needs an entrypoint")
     if options.get("reset_command") is not None:
         extra["reset_command"] = _text(options["reset_command"], "reset_command")
     if "output_limit_bytes" in options:
