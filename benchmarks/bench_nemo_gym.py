@@ -6,7 +6,8 @@ over copy-on-write layers, handed out from a warm pool. Measured, side by side:
 
 * start → first result: ``AsyncSandbox(config, spec).start()`` through the result of the
   first ``exec("true")``, a provider built from its YAML mapping per sandbox (as NeMo
-  Gym's servers do), the pool warm; p50 / p90.
+  Gym's servers do), the pool warm; each sandbox held 100 ms (``--hold-ms``) and stopped
+  before the next; p50 / p90.
 * exec round trip of ``true`` in a started sandbox; p50 / p90.
 * a burst of 256 concurrent sessions over 32 images (start, first command, a second
   command, stop), twice in a row: TTFC (start requested → first result) mean / max, and
@@ -56,9 +57,11 @@ def ms(seconds: float) -> float:
     return round(seconds * 1000, 3)
 
 
-async def start_to_first_result(provider: dict[str, Any], spec: SandboxSpec,
-                                rounds: int) -> dict[str, list[float]]:
-    """Seconds from ``AsyncSandbox(...)`` to the first result; of that, ``start()``."""
+async def start_to_first_result(provider: dict[str, Any], spec: SandboxSpec, rounds: int,
+                                hold_s: float) -> dict[str, list[float]]:
+    """Seconds from ``AsyncSandbox(...)`` to the first result; of that, ``start()``. Each
+    sandbox is held ``hold_s`` after its first result (a session does not end the moment
+    it starts), then stopped."""
     times: dict[str, list[float]] = {"total": [], "start": []}
     for index in range(rounds + 3):  # 3 rounds of warm-up
         began = time.perf_counter()
@@ -68,6 +71,7 @@ async def start_to_first_result(provider: dict[str, Any], spec: SandboxSpec,
         result = await sandbox.exec("true")
         done = time.perf_counter()
         assert result.return_code == 0, result
+        await asyncio.sleep(hold_s)
         await sandbox.stop()
         if index >= 3:
             times["total"].append(done - began)
@@ -133,7 +137,8 @@ def summary(times: Sequence[float]) -> dict[str, float]:
             "mean_ms": ms(statistics.fmean(times)), "max_ms": ms(max(times)), "n": len(times)}
 
 
-async def run(rounds: int, sessions: int, images: int, work: Path) -> dict[str, Any]:
+async def run(rounds: int, sessions: int, images: int, hold_s: float,
+              work: Path) -> dict[str, Any]:
     workspace = work / "local-provider"
     # local: its shipped config, concurrency raised to the burst so it is not its limit.
     local = {"local": {"workspace_root": str(workspace), "shell": "/bin/bash",
@@ -145,8 +150,8 @@ async def run(rounds: int, sessions: int, images: int, work: Path) -> dict[str, 
     local_spec = SandboxSpec()
     result: dict[str, Any] = {}
 
-    local_times = await start_to_first_result(local, local_spec, rounds)
-    rollbox_times = await start_to_first_result(rollbox, spec, rounds)
+    local_times = await start_to_first_result(local, local_spec, rounds, hold_s)
+    rollbox_times = await start_to_first_result(rollbox, spec, rounds, hold_s)
     result["start_to_first_result"] = {
         "local": summary(local_times["total"]), "rollbox": summary(rollbox_times["total"]),
     }
@@ -198,13 +203,16 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=200)
     parser.add_argument("--sessions", type=int, default=256)
     parser.add_argument("--images", type=int, default=32)
+    parser.add_argument("--hold-ms", type=float, default=100.0,
+                        help="how long a start-to-first-result session holds its sandbox")
     parser.add_argument("--json", type=Path, help="also write the results here")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="bench-nemo-gym-"))
     work.chmod(0o711)
     os.environ.setdefault("ROLLBOX_HOME", str(work / "rollbox-home"))
     try:
-        result = asyncio.run(run(args.rounds, args.sessions, args.images, work))
+        result = asyncio.run(run(args.rounds, args.sessions, args.images,
+                                 args.hold_ms / 1000, work))
     finally:
         shutil.rmtree(work, ignore_errors=True)
     result["machine"] = {"cpus": os.cpu_count(), "python": platform.python_version(),
