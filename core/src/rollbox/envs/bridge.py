@@ -5,7 +5,8 @@ synchronously. Each caller could run its own loop (``asyncio.run`` per call), bu
 they could not share a pool: a pool, its sandboxes and their subprocess pipes belong to
 the loop that made them. So there is exactly one loop per process, on a daemon thread
 started on first use; a synchronous caller submits a coroutine to it and blocks for the
-result (``loop_thread().run(coro)``), and a batch submits one coroutine that runs many
+result (``loop_thread().run(coro)``), an async caller on a loop of its own awaits it
+(``await loop_thread().call(coro)``), and a batch submits one coroutine that runs many
 sessions concurrently.
 
 Safe across ``fork`` (``AsyncVectorEnv`` forks workers): a child process notices that
@@ -18,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import atexit
 import concurrent.futures
+import concurrent.futures.thread  # its exit hook first: see the end of this module
 import contextlib
 import os
 import threading
@@ -69,6 +71,17 @@ class LoopThread:
             future.cancel()
             raise
 
+    async def call(self, coro: Coroutine[Any, Any, T]) -> T:
+        """Await ``coro`` run on this loop, from any event loop (directly when called on
+        this one). Cancelling the caller cancels the coroutine."""
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if running is self.loop:
+            return await coro
+        return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coro, self.loop))
+
     def on_shutdown(self, hook: Callable[[], Coroutine[Any, Any, None]]) -> None:
         """Register a coroutine function to await on the loop before it stops."""
         self._shutdown_hooks.append(hook)
@@ -114,4 +127,8 @@ def shutdown() -> None:
         current.stop()
 
 
-atexit.register(shutdown)
+# At interpreter exit concurrent.futures' thread pools stop taking work before atexit
+# handlers run, and closing pools still uses them (the local backend deletes layers in
+# one). threading's own exit hooks run before that, newest first: registered after
+# concurrent.futures.thread's (imported above), this one runs before it.
+getattr(threading, "_register_atexit", atexit.register)(shutdown)

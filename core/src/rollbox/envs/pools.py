@@ -1,13 +1,18 @@
 """Pools shared by every user of a process that asks for the same backend and options.
 
-A user (a Gymnasium env, a server's session) attaches when it is made and detaches when
-it closes; the last to detach closes the pool (and the backend, when rollbox opened it).
-Every method runs on the bridge's loop thread (``rollbox.envs.bridge``), so the registry
-needs no lock; ``shutdown()`` there closes every shared pool.
+A user (a Gymnasium env, a server's session, a NeMo Gym provider) attaches when it is
+made and detaches when it closes; the last to detach closes the pool (and the backend,
+when rollbox opened it) — at once, or ``keep_warm_s`` later if it asks, so that users
+that come and go one after another (NeMo Gym makes a provider per sandbox) still find
+the pool warm. Every method runs on the bridge's loop thread (``rollbox.envs.bridge``),
+so the registry needs no lock; ``shutdown()`` there closes every shared pool.
 """
 
 from __future__ import annotations
 
+import asyncio
+import functools
+import inspect
 import threading
 import weakref
 from collections.abc import Mapping
@@ -22,6 +27,11 @@ from rollbox.pool import Pool, PoolPolicy
 
 BackendArg = str | Backend | None
 
+POOL_OPTIONS = frozenset(
+    {*list(inspect.signature(Pool).parameters)[1:], "policy_options"})
+"""What ``pool_options`` may say: ``rollbox.Pool``'s keyword arguments (``policy`` also
+by its registered name, made with ``policy_options``)."""
+
 
 @dataclass
 class SharedPool:
@@ -33,6 +43,8 @@ class SharedPool:
     owns_backend: bool
     refs: int = 0
     closed: bool = field(default=False)
+    expiry: asyncio.TimerHandle | None = field(default=None, repr=False)
+    """Set while the pool, unused, waits out its ``keep_warm_s``."""
 
 
 class PoolRegistry:
@@ -40,6 +52,7 @@ class PoolRegistry:
 
     def __init__(self) -> None:
         self._pools: dict[tuple[Any, ...], SharedPool] = {}
+        self._closing: set[asyncio.Task[None]] = set()
 
     async def attach(
         self,
@@ -58,28 +71,65 @@ class PoolRegistry:
                 from rollbox import open_backend
 
                 instance, owns = open_backend(backend, **backend_options), True
-            pool = Pool(instance, **_pool_kwargs(pool_options))
+            try:
+                pool = Pool(instance, **pool_kwargs(pool_options))
+            except BaseException:
+                if owns:
+                    await instance.aclose()
+                raise
             shared = self._pools[key] = SharedPool(key, pool, instance, owns)
+        if shared.expiry is not None:
+            shared.expiry.cancel()
+            shared.expiry = None
         shared.refs += 1
         return shared
 
-    async def detach(self, shared: SharedPool) -> None:
+    async def detach(self, shared: SharedPool, keep_warm_s: float = 0.0) -> None:
+        """One user fewer. The last one closes the pool, or leaves it warm for
+        ``keep_warm_s`` seconds (a user attaching meanwhile keeps it)."""
         shared.refs -= 1
+        if shared.refs > 0 or shared.closed:
+            return
+        if keep_warm_s > 0:
+            shared.expiry = asyncio.get_running_loop().call_later(
+                keep_warm_s, self._expire, shared)
+            return
+        self._forget(shared)
+        await _close(shared)
+
+    def _forget(self, shared: SharedPool) -> None:
+        if self._pools.get(shared.key) is shared:
+            del self._pools[shared.key]
+
+    def _expire(self, shared: SharedPool) -> None:
+        shared.expiry = None
         if shared.refs <= 0 and not shared.closed:
-            self._pools.pop(shared.key, None)
-            await _close(shared)
+            self._forget(shared)
+            task = asyncio.ensure_future(_close(shared))
+            self._closing.add(task)
+            task.add_done_callback(self._closing.discard)
 
     async def close_all(self) -> None:
         pools, self._pools = list(self._pools.values()), {}
         for shared in pools:
             await _close(shared)
+        await asyncio.gather(*self._closing, return_exceptions=True)
+
+    def open(self) -> list[SharedPool]:
+        """The pools open now (their ``pool.metrics`` say how they ran)."""
+        return list(self._pools.values())
 
     def __len__(self) -> int:
         return len(self._pools)
 
 
 async def _close(shared: SharedPool) -> None:
+    if shared.closed:
+        return
     shared.closed = True
+    if shared.expiry is not None:
+        shared.expiry.cancel()
+        shared.expiry = None
     try:
         await shared.pool.close()
     finally:
@@ -94,24 +144,54 @@ def _key(
     return (which, _freeze(backend_options), _freeze(pool_options))
 
 
-def _freeze(options: Mapping[str, Any]) -> str:
-    return repr(sorted(options.items()))
+def _freeze(value: Any) -> str:
+    """Options as a string equal for equal options (mappings in any order)."""
+    def canonical(item: Any) -> Any:
+        if isinstance(item, Mapping):
+            return sorted((str(k), canonical(v)) for k, v in item.items())
+        if isinstance(item, list | tuple):
+            return [canonical(v) for v in item]
+        return item
+
+    return repr(canonical(value))
 
 
-def _pool_kwargs(options: Mapping[str, Any]) -> dict[str, Any]:
-    """``Pool`` keyword arguments; ``policy`` may be a registered policy name."""
+def pool_kwargs(options: Mapping[str, Any]) -> dict[str, Any]:
+    """``Pool`` keyword arguments from ``pool_options`` (see ``POOL_OPTIONS``); a
+    UsageError names what is wrong."""
     kwargs = dict(options)
+    unknown = set(kwargs) - POOL_OPTIONS
+    if unknown:
+        raise UsageError(f"unknown pool_options {', '.join(sorted(unknown))}; known: "
+                         f"{', '.join(sorted(POOL_OPTIONS))}")
     policy = kwargs.get("policy")
+    policy_options = kwargs.pop("policy_options", None) or {}
+    if not isinstance(policy_options, Mapping):
+        raise UsageError("pool_options['policy_options'] must be a mapping")
     if isinstance(policy, str):
-        known = pool_policies(get_plugin_manager())
+        known = _pool_policies()
         if policy not in known:
             raise UsageError(
                 f"no pool policy named {policy!r}; installed: {', '.join(sorted(known))}"
             )
-        kwargs["policy"] = known[policy]()
-    elif policy is not None and not isinstance(policy, PoolPolicy):
+        try:
+            made = known[policy](**policy_options)
+        except TypeError as exc:
+            raise UsageError(f"pool policy {policy!r} does not take {dict(policy_options)}: "
+                             f"{exc}") from None
+        kwargs["policy"] = made
+    elif policy_options:
+        raise UsageError("pool_options['policy_options'] apply to a policy given by name")
+    if policy is not None and not isinstance(kwargs["policy"], PoolPolicy):
         raise UsageError("pool_options['policy'] must be a policy name or a PoolPolicy")
     return kwargs
+
+
+@functools.cache
+def _pool_policies() -> dict[str, type[object]]:
+    """The registered pool policies, looked up once per process: loading every plugin's
+    entry points costs milliseconds, and some users attach per sandbox."""
+    return dict(pool_policies(get_plugin_manager()))
 
 
 _lock = threading.Lock()
