@@ -42,8 +42,8 @@ from typing import Any
 
 from rollbox import Pool, SandboxSpec, StaticPoolPolicy
 from rollbox.metrics import summarize
-from rollbox.remote import RemoteBackend
 from rollbox_local import LocalBackend
+from rollbox_remote import RemoteBackend
 
 MiB = 1024 * 1024
 SPEC = SandboxSpec(image="host")
@@ -158,7 +158,7 @@ async def bench_exec(serve: ServeChild, n: int) -> dict[str, Any]:
 SECOND_PROCESS = """
 import asyncio, json, sys, time
 from rollbox import SandboxSpec
-from rollbox.remote import RemoteBackend
+from rollbox_remote import RemoteBackend
 
 async def main(n, hold):
     backend = RemoteBackend()

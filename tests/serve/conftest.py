@@ -10,8 +10,8 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
-from rollbox.remote import RemoteBackend
 from rollbox_local import LocalBackend
+from rollbox_remote import RemoteBackend
 from rollbox_serve import Server
 from serve_support import ServeProcess, connect
 

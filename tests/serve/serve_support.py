@@ -10,7 +10,7 @@ import sys
 import time
 from pathlib import Path
 
-from rollbox.remote import RemoteBackend
+from rollbox_remote import RemoteBackend
 from rollbox_serve import Server
 
 

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 from rollbox import Backend, Sandbox, SandboxSpec
-from rollbox.remote import RemoteBackend
 from rollbox_conformance import BackendTests
 from rollbox_local import LocalBackend, LocalSandbox
 from rollbox_local.bwrap import Bwrap
+from rollbox_remote import RemoteBackend
 from rollbox_serve import Server
 from serve_support import connect
 

@@ -22,7 +22,7 @@ from rollbox.errors import (
     ServerUnavailableError,
     UsageError,
 )
-from rollbox.remote import RemoteBackend
+from rollbox_remote import RemoteBackend
 from rollbox_serve import Server
 from serve_support import connect, raw, request, status
 
@@ -239,7 +239,7 @@ async def test_oversized_files_are_refused(state_dir: Path, token: str) -> None:
 
 
 async def test_specs_from_a_newer_client_are_refused_not_trimmed(remote: RemoteBackend) -> None:
-    from rollbox.remote import protocol
+    from rollbox_remote import protocol
 
     spec = protocol.spec_to_json(SPEC)
     with pytest.raises(InvalidSpecError, match="unknown fields"):

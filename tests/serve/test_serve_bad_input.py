@@ -10,7 +10,7 @@ import time
 
 import pytest
 from rollbox import SandboxSpec
-from rollbox.remote import RemoteBackend, protocol
+from rollbox_remote import RemoteBackend, protocol
 from rollbox_serve import Server
 from serve_support import error_of, raw, request, status
 
@@ -97,7 +97,7 @@ async def test_an_oversized_head_is_refused(server: Server, remote: RemoteBacken
 
 
 async def test_a_bad_stream_start_is_an_error_message(remote: RemoteBackend) -> None:
-    from rollbox.remote.websocket import TEXT, WebSocket
+    from rollbox_remote.websocket import TEXT, WebSocket
 
     async with await remote.create(SPEC) as sandbox:
         for first in ({"type": "begin"}, {"type": "start", "request": {"argv": []}}):

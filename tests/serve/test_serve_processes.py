@@ -126,7 +126,7 @@ asyncio.run(main())
     assert used["fresh"]
     text = subprocess.run(
         [sys.executable, "-c", PRELUDE + """
-from rollbox.remote import RemoteBackend
+from rollbox_remote import RemoteBackend
 async def main():
     b = RemoteBackend()
     print((await b.http.request("GET", "/metrics", timeout=10)).body.decode())
@@ -277,7 +277,7 @@ def test_a_hung_server_is_a_retryable_error_not_a_hang(serve_process: ServeProce
     client = subprocess.Popen([sys.executable, "-c", PRELUDE + """
 import time
 from rollbox.errors import ServerUnavailableError
-from rollbox.remote import RemoteBackend
+from rollbox_remote import RemoteBackend
 async def main():
     backend = RemoteBackend(timeout_s=3, slack_s=2)
     sandbox = await backend.create(SPEC)

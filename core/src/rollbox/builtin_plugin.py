@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from rollbox.backend import Backend
 from rollbox.cli_commands import Command
 from rollbox.hookspecs import BackendRef, hookimpl
 from rollbox.policies import LookaheadPolicy
@@ -16,13 +15,6 @@ from rollbox.testing.fake import FakeBackend
 @hookimpl
 def rollbox_register_backends(register: Callable[[str, BackendRef], None]) -> None:
     register("fake", FakeBackend)
-    register("remote", _remote_backend)
-
-
-def _remote_backend() -> type[Backend]:
-    from rollbox.remote import RemoteBackend
-
-    return RemoteBackend
 
 
 @hookimpl
@@ -39,5 +31,3 @@ def rollbox_register_commands(register: Callable[[Command], None]) -> None:
     register(Command("run", "Run a command in a fresh sandbox.", cli.configure_run, cli.run))
     register(Command("doctor", "Check that a backend can run here.", cli.configure_doctor,
                      cli.doctor))
-    register(Command("ps", "List the sandboxes a rollbox server holds.", cli.configure_ps,
-                     cli.ps))

@@ -1,6 +1,6 @@
 """rollbox serve: one backend and its warm pool, shared by many processes over HTTP.
 
-``rollbox serve`` runs it; ``rollbox.remote.RemoteBackend`` (the ``remote`` backend) is
+``rollbox serve`` runs it; ``rollbox_remote.RemoteBackend`` (the ``remote`` backend) is
 its client. docs/serve.md describes both, and the protocol.
 """
 

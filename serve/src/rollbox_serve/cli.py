@@ -13,8 +13,8 @@ from pathlib import Path
 
 from rollbox.errors import UsageError
 from rollbox.plugins import backend_class, get_plugin_manager, serve_faces
-from rollbox.remote.address import Address
-from rollbox.remote.settings import serve_dir
+from rollbox_remote.address import Address
+from rollbox_remote.settings import serve_dir
 
 from rollbox_serve import statedir
 from rollbox_serve.server import Server

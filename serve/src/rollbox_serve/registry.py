@@ -17,9 +17,9 @@ from dataclasses import dataclass, field
 
 from rollbox.errors import SandboxNotFoundError
 from rollbox.pool import Lease
-from rollbox.remote.protocol import spec_to_json
 from rollbox.sandbox import Endpoint, Sandbox, Snapshot
 from rollbox.spec import SandboxSpec
+from rollbox_remote.protocol import spec_to_json
 
 
 @dataclass(eq=False)

@@ -1,4 +1,4 @@
-"""The ``remote`` backend's face of the server: the routes of ``rollbox.remote.protocol``.
+"""The ``remote`` backend's face of the server: the routes of ``rollbox_remote.protocol``.
 
 Every request under /v1 and /metrics needs the bearer token (401 before anything else
 happens otherwise). Every error, including aiohttp's own (404 route, 413 too large,
@@ -19,8 +19,8 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import web
 from rollbox import __version__
 from rollbox.errors import AuthenticationError, RollboxError, UsageError
-from rollbox.remote import protocol
 from rollbox.sandbox import check_port
+from rollbox_remote import protocol
 
 from rollbox_serve.demand import ClientState
 from rollbox_serve.files import RequestTooLargeError, receive_file, send_file

@@ -30,8 +30,8 @@ from rollbox.errors import (
     UsageError,
 )
 from rollbox.pool import Outcome, Pool
-from rollbox.remote.address import Address
 from rollbox.spec import SandboxSpec
+from rollbox_remote.address import Address
 
 from rollbox_serve.demand import ClientState, SharedPolicy
 from rollbox_serve.metrics import WindowMetrics

@@ -26,8 +26,8 @@ from typing import TYPE_CHECKING
 from aiohttp import WSMsgType, web
 from rollbox.errors import RollboxError, SandboxError, UsageError
 from rollbox.relay import splice, streams
-from rollbox.remote import protocol
 from rollbox.sandbox import Process, check_port
+from rollbox_remote import protocol
 
 if TYPE_CHECKING:
     from rollbox_serve.registry import Held

@@ -33,10 +33,6 @@ from rollbox.errors import (
     UsageError,
 )
 from rollbox.relay import LoopbackListener, splice, streams
-from rollbox.remote import protocol, settings
-from rollbox.remote.address import Address
-from rollbox.remote.http import HttpClient
-from rollbox.remote.websocket import BINARY, WebSocket, WebSocketClosed
 from rollbox.sandbox import (
     Capabilities,
     Endpoint,
@@ -49,6 +45,11 @@ from rollbox.sandbox import (
     check_port,
 )
 from rollbox.spec import SandboxSpec
+
+from rollbox_remote import protocol, settings
+from rollbox_remote.address import Address
+from rollbox_remote.http import HttpClient
+from rollbox_remote.websocket import BINARY, WebSocket, WebSocketClosed
 
 
 class RemoteBackend(Backend):

@@ -4,9 +4,9 @@
 
 or ``ROLLBOX_BACKEND=remote ROLLBOX_URL=...``: every rollbox program then uses the
 server's warm pool. ``sandbox.id`` is a handle another process attaches to with
-``backend.attach(id)``. The wire format is ``rollbox.remote.protocol``.
+``backend.attach(id)``. The wire format is ``rollbox_remote.protocol``.
 """
 
-from rollbox.remote.backend import RemoteBackend, RemoteProcess, RemoteSandbox
+from rollbox_remote.backend import RemoteBackend, RemoteProcess, RemoteSandbox
 
 __all__ = ["RemoteBackend", "RemoteProcess", "RemoteSandbox"]

@@ -19,8 +19,9 @@ from pathlib import Path
 from typing import Any
 
 from rollbox.errors import AuthenticationError, RollboxError, ServerUnavailableError, UsageError
-from rollbox.remote import protocol
-from rollbox.remote.address import Address
+
+from rollbox_remote import protocol
+from rollbox_remote.address import Address
 
 CHUNK = 1 << 20
 READ = 16 << 20

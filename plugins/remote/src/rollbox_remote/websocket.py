@@ -17,7 +17,8 @@ import struct
 from typing import Any
 
 from rollbox.errors import ServerUnavailableError, UsageError
-from rollbox.remote.http import Connection, HttpClient
+
+from rollbox_remote.http import Connection, HttpClient
 
 TEXT, BINARY, CLOSE, PING, PONG = 0x1, 0x2, 0x8, 0x9, 0xA
 MAX_MESSAGE = 64 << 20
