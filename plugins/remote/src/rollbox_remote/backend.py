@@ -366,6 +366,14 @@ class RemoteSandbox(Sandbox):
             self.relays[port] = relay
         return Endpoint(relay.url, dict(data.get("headers") or {}))
 
+    async def detach(self) -> None:
+        """Stop using this handle without closing the sandbox (an attached one's creator
+        closes it): the endpoints it opened here close; later calls are SandboxLostError."""
+        relays, self.relays = list(self.relays.values()), {}
+        await asyncio.gather(*(r.aclose() for r in relays))
+        self._closed = True
+        self.backend._sandboxes.pop(self.id, None)
+
     async def close(self) -> None:
         """Give the sandbox back to the server (reset for the next client, or closed if
         it failed here). Idempotent; a sandbox the server no longer holds is closed."""
