@@ -29,9 +29,10 @@ def sandbox_processes() -> list[str]:
     return found
 
 
-def provider_block(**overrides: object) -> dict[str, object]:
+def provider_block(config: Path = rollbox_nemo_gym.CONFIG,
+                   **overrides: object) -> dict[str, object]:
     """The adapter's shipped YAML block for the provider, with ``overrides``."""
-    shipped = OmegaConf.to_container(OmegaConf.load(rollbox_nemo_gym.CONFIG), resolve=True)
+    shipped = OmegaConf.to_container(OmegaConf.load(config), resolve=True)
     assert isinstance(shipped, dict)
     settings = dict(shipped["sandbox"]["rollbox"])
     settings.update(overrides)

@@ -22,9 +22,10 @@ from typing import Any
 
 import aiohttp
 import pytest
+import rollbox_nemo_gym
 from aiohttp import web
 from nemo_gym.sandbox import AsyncSandbox, SandboxSpec, SupportsSandboxEndpoint
-from ng_support import RollboxServe, shared_pools
+from ng_support import RollboxServe, provider_block, shared_pools
 from rollbox_nemo_gym import RollboxProvider, SpecNotSupportedError
 
 SERVICE = SandboxSpec(
@@ -48,9 +49,9 @@ def serve(rollbox_home: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Rollb
 
 
 def remote(server: RollboxServe) -> dict[str, Any]:
-    """The YAML block of a provider on the server: no token in it."""
-    return {"rollbox": {"backend": "remote", "backend_options": {"url": server.url},
-                        "keep_warm_s": 0}}
+    """The shipped remote YAML block, pointed at the server: no token in it."""
+    return provider_block(rollbox_nemo_gym.CONFIG_REMOTE, keep_warm_s=0,
+                          backend_options={"url": server.url})
 
 
 def config(backend: str, server: RollboxServe | None) -> dict[str, Any]:

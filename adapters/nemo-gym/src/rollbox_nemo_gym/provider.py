@@ -43,6 +43,7 @@ from nemo_gym.sandbox import (
 from rollbox.envs.bridge import LoopThread
 from rollbox.envs.pools import PoolRegistry, SharedPool, registry
 from rollbox.errors import (
+    AcquireTimeoutError,
     PoolError,
     RollboxError,
     SandboxError,
@@ -280,9 +281,14 @@ class RollboxProvider:
             lease = await shared.pool.acquire(mapped.spec, timeout=mapped.ready_timeout_s)
             box = await Box.open(lease, mapped, shared.backend, self.config.shell, thread)
         except (SandboxError, PoolError) as exc:
+            ready = mapped.spec.ready_port
+            hint = (f"; a sandbox with an entrypoint is ready once something in it accepts "
+                    f"connections on port {ready} (127.0.0.1 or 0.0.0.0): check that the "
+                    "entrypoint listens there, or raise ready_timeout_s"
+                    if isinstance(exc, AcquireTimeoutError) and ready is not None else "")
             raise RollboxCreateError(
                 f"rollbox could not start a sandbox of image {mapped.spec.image!r}: "
-                f"{exc.message}", exc,
+                f"{exc.message}{hint}", exc,
             ) from exc
         _boxes[box.id] = box
         self._owned[box.id] = box
