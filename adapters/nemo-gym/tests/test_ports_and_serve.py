@@ -304,3 +304,11 @@ async def test_a_remote_sandbox_names_the_server_to_a_local_provider(
         told = await borrow({"rollbox": {"keep_warm_s": 0}}, descriptor, "use")
     assert told["error"] == "SandboxLostError"
     assert "backend: remote" in told["message"] and serve.url in told["message"]
+
+
+def test_a_servers_address_is_named_without_credentials() -> None:
+    from rollbox_nemo_gym.provider import _without_credentials
+
+    assert _without_credentials("https://user:secret@rollbox.example:8443/x") == (
+        "https://rollbox.example:8443/x")
+    assert _without_credentials("unix:/run/rollbox/serve.sock") == "unix:/run/rollbox/serve.sock"

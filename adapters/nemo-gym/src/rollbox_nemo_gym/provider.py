@@ -52,6 +52,7 @@ from rollbox.errors import (
     UsageError,
 )
 from rollbox.plugins import backend_class, get_plugin_manager
+from rollbox_remote.backend import RemoteBackend
 
 from rollbox_nemo_gym.box import Box
 from rollbox_nemo_gym.config import ProviderConfig
@@ -208,9 +209,8 @@ class RollboxProvider:
         descriptor = {"provider": self.name, "sandbox_id": box.id,
                       "rollbox_id": box.rollbox_id, "backend": box.backend.name,
                       "host": socket.gethostname(), "pid": os.getpid()}
-        server = getattr(box.backend, "url", None)
-        if isinstance(server, str):
-            descriptor["server"] = _without_credentials(server)
+        if isinstance(box.backend, RemoteBackend):
+            descriptor["server"] = _without_credentials(box.backend.url)
         return descriptor
 
     async def connect(self, descriptor: Mapping[str, Any]) -> SandboxHandle:
@@ -247,25 +247,22 @@ class RollboxProvider:
                 and _attaches(self.config.backend_name))
 
     def _why_not(self, descriptor: Mapping[str, Any]) -> str:
-        """What to configure so that ``connect`` finds the sandbox of ``descriptor``."""
+        """Why ``connect`` cannot reach the sandbox of ``descriptor``, and what to
+        configure so that it can."""
         made_by = descriptor.get("backend")
-        here = (descriptor.get("pid") == os.getpid()
-                and descriptor.get("host") == socket.gethostname())
-        if here and made_by == self.config.backend_name:
-            return "it was stopped"
-        share = ("start `rollbox serve` and give the providers of both processes "
-                 "`backend: remote` (`backend_options: {url: ...}` where the server is not "
-                 "at the default socket; the token from ROLLBOX_TOKEN, ROLLBOX_TOKEN_FILE or "
-                 "the server's token file, never in the descriptor)")
         if made_by == "remote":
             return (f"it is on the rollbox server at {descriptor.get('server', '?')}, and this "
                     f"provider uses the {self.config.backend_name} backend: give it "
                     "`backend: remote` with that server's url")
-        if made_by == self.config.backend_name and _attaches(self.config.backend_name):
+        if (descriptor.get("pid"), descriptor.get("host")) == (os.getpid(), socket.gethostname()):
             return "it was stopped"
         return (f"it is a {made_by} sandbox of process {descriptor.get('pid')} on "
                 f"{descriptor.get('host')}, and {made_by} sandboxes live in the process that "
-                f"made them; to share sandboxes between processes, {share}")
+                "made them; to share sandboxes between processes, start `rollbox serve` and "
+                "give the providers of both processes `backend: remote` (`backend_options: "
+                "{url: ...}` unless the server is at its default socket; the token from "
+                "ROLLBOX_TOKEN, ROLLBOX_TOKEN_FILE or the server's token file, never in the "
+                "descriptor)")
 
     # -- internals --------------------------------------------------------------------------
 
