@@ -223,7 +223,8 @@ async def test_nemo_gyms_model_relay_runs_through_the_endpoint(
 # -- ConnectableProvider across processes ----------------------------------------------------
 
 BORROWER = """
-import asyncio, json, sys
+import asyncio, json, socket, sys, urllib.request
+from urllib.parse import urlsplit
 from nemo_gym.sandbox import AsyncSandbox, create_provider
 
 async def main():
@@ -236,8 +237,21 @@ async def main():
         return
     if action == "use":
         seen = await sandbox.exec("cat note.txt; echo from the borrower > reply.txt")
+        answer = {"stdout": seen.stdout, "code": seen.return_code}
+        if descriptor.get("ports"):  # the creator's service, through an endpoint here
+            endpoint = await sandbox.endpoint(descriptor["ports"][0])
+            url = endpoint.endpoint + "/note.txt"
+            address = urlsplit(endpoint.endpoint)
+            served = await asyncio.to_thread(lambda: urllib.request.urlopen(url, timeout=30))
+            answer["served"] = served.read().decode()
         await sandbox.disconnect()
-        print(json.dumps({"stdout": seen.stdout, "code": seen.return_code}))
+        if descriptor.get("ports"):  # what this process opened for it closed with it
+            try:
+                socket.create_connection((address.hostname, address.port), timeout=5).close()
+                answer["after"] = "accepted"
+            except ConnectionRefusedError:
+                answer["after"] = "refused"
+        print(json.dumps(answer))
     else:
         await sandbox.stop()
         print(json.dumps({"stopped": True}))
@@ -262,7 +276,9 @@ async def test_serialize_here_and_connect_in_another_process_through_rollbox_ser
     serve: RollboxServe,
 ) -> None:
     settings = remote(serve)
-    spec = SandboxSpec(workdir="/work", files={"note.txt": "from the creator\n"})
+    spec = SandboxSpec(workdir="/work", files={"note.txt": "from the creator\n"}, ports=[8000],
+                       entrypoint=["python3", "-m", "http.server", "8000", "--bind", "127.0.0.1",
+                                   "--directory", "/work"])
     sandbox = await AsyncSandbox(settings, spec).start()
     descriptor = await sandbox.serialize()
     text = json.dumps(descriptor)
@@ -271,7 +287,8 @@ async def test_serialize_here_and_connect_in_another_process_through_rollbox_ser
     assert descriptor["server"] == serve.url and descriptor["backend"] == "remote"
 
     used = await borrow(settings, descriptor, "use")
-    assert used == {"stdout": "from the creator\n", "code": 0}
+    assert used == {"stdout": "from the creator\n", "code": 0, "served": "from the creator\n",
+                    "after": "refused"}
     reply = await sandbox.exec("cat reply.txt")  # the same sandbox: the borrower's file
     assert reply.stdout == "from the borrower\n"
 
