@@ -24,7 +24,7 @@ import aiohttp
 import pytest
 import rollbox_nemo_gym
 from aiohttp import web
-from nemo_gym.sandbox import AsyncSandbox, SandboxSpec, SupportsSandboxEndpoint
+from nemo_gym.sandbox import AsyncSandbox, SandboxSpec, SandboxStatus, SupportsSandboxEndpoint
 from ng_support import RollboxServe, provider_block, shared_pools
 from rollbox_nemo_gym import RollboxProvider, SpecNotSupportedError
 
@@ -329,3 +329,14 @@ def test_a_servers_address_is_named_without_credentials() -> None:
     assert _without_credentials("https://user:secret@rollbox.example:8443/x") == (
         "https://rollbox.example:8443/x")
     assert _without_credentials("unix:/run/rollbox/serve.sock") == "unix:/run/rollbox/serve.sock"
+
+
+async def test_pause_and_resume_through_rollbox_serve(serve: RollboxServe) -> None:
+    async with AsyncSandbox(remote(serve), SandboxSpec(workdir="/work")) as sandbox:
+        await sandbox.start()
+        await sandbox.exec("echo kept > state.txt")
+        await sandbox.pause()
+        assert await sandbox.status() == SandboxStatus.PAUSED
+        await sandbox.resume()
+        assert (await sandbox.exec("cat state.txt")).stdout == "kept\n"
+    assert await serve.held() == []  # the fork closed, the paused sandbox given back
