@@ -78,7 +78,7 @@ class RollboxServe:
     def token_file(self) -> Path:
         return self.state / "token"
 
-    def start(self, timeout_s: float = 60) -> RollboxServe:
+    def start(self, timeout_s: float = 120) -> RollboxServe:
         env = {**os.environ, "ROLLBOX_HOME": str(self.home)}
         env.pop("ROLLBOX_BACKEND", None)
         with self.log.open("wb") as log:
