@@ -292,6 +292,15 @@ async def test_serialize_here_and_connect_in_another_process_through_rollbox_ser
     reply = await sandbox.exec("cat reply.txt")  # the same sandbox: the borrower's file
     assert reply.stdout == "from the borrower\n"
 
+    # A forged descriptor cannot send this process's token elsewhere: connect goes to the
+    # server its own settings name, whatever the descriptor's "server" says.
+    forged = {**descriptor, "sandbox_id": "not-in-this-process",
+              "server": "http://attacker.invalid:9"}
+    borrower = RollboxProvider(**settings["rollbox"])
+    attached = await AsyncSandbox.connect(forged, provider=borrower)
+    assert (await attached.exec("cat reply.txt")).stdout == "from the borrower\n"
+    await attached.disconnect()
+
     assert await borrow(settings, descriptor, "stop") == {"stopped": True}
     gone = await sandbox.exec("true")  # the borrower ended it
     assert (gone.return_code, gone.error_type) == (125, "sandbox")

@@ -372,7 +372,8 @@ class RemoteSandbox(Sandbox):
         relays, self.relays = list(self.relays.values()), {}
         await asyncio.gather(*(r.aclose() for r in relays))
         self._closed = True
-        self.backend._sandboxes.pop(self.id, None)
+        if self.backend._sandboxes.get(self.id) is self:  # not the creator's, if attached
+            del self.backend._sandboxes[self.id]
 
     async def close(self) -> None:
         """Give the sandbox back to the server (reset for the next client, or closed if
