@@ -160,7 +160,8 @@ def runtime_api(rollbox_home: Path, tmp_path: Path,
     agent_logs = tmp_path / "agent-servers"
     base, process = _serve(
         [sys.executable, "-m", "rollbox", "serve", "--listen", "127.0.0.1:0",
-         "--state-dir", str(tmp_path / "serve"), "--face", "openhands"],
+         "--state-dir", str(tmp_path / "serve"), "--face", "openhands",
+         "--pool-idle", "600"],  # no surplus closed while a test waits for a boot
         r"local backend on (http://\S+)", tmp_path / "serve.log",
         {"ROLLBOX_TOKEN": token, "ROLLBOX_OPENHANDS_API_KEY": api_key,
          "ROLLBOX_OPENHANDS_FORWARD": str(llm.port),

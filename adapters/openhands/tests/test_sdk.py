@@ -79,8 +79,10 @@ def test_api_remote_workspace_runs_in_a_rollbox_sandbox(sdk_image: str, runtime_
     # place between them (a few sandboxes serve every start).
     headers = {"X-API-Key": runtime_api.api_key}
     sandboxes = []
-    for _ in range(3):
-        _wait_warm(runtime_api, 1)
+    for cycle in range(3):
+        # The first time, the one warmed after the cold boot; then that one and the
+        # sandbox given back, reset, with its next agent-server booted.
+        _wait_warm(runtime_api, 1 if cycle == 0 else 2)
         runtime = httpx.post(f"{runtime_api.url}/start", headers=headers, timeout=60, json={
             "image": image, "command": "/usr/local/bin/openhands-agent-server --port 60000",
             "working_dir": "/", "environment": {}}).json()

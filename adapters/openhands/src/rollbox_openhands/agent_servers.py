@@ -89,7 +89,7 @@ exec "$@" --host 127.0.0.1 --port "$port" > "$BOOT_DIR/agent-server.log" 2>&1
 
 HAND_OUT = r"""
 while [ ! -s "$BOOT_DIR/boot" ]; do sleep 0.02; done
-printf %s "$1" > "$BOOT_DIR/sandbox-id"
+printf '%s\n' "$1" > "$BOOT_DIR/sandbox-id"
 cat "$BOOT_DIR/boot"
 """.replace("$BOOT_DIR", BOOT_DIR)
 """Run at hand-out: names the sandbox, prints ``PORT KEY``."""
@@ -332,7 +332,8 @@ class AgentServers:
                 env={**BASE_ENV, **kind.environment},
                 resources=Resources(memory_mb=self.memory_mb * kind.resource_factor,
                                     pids=4096),
-                timeouts=Timeouts(create_s=self.boot_timeout),
+                # A reset hands over the next generation once its agent-server is up.
+                timeouts=Timeouts(create_s=self.boot_timeout, reset_s=self.boot_timeout),
                 labels={"rollbox.openhands": "agent-server"},
                 entrypoint=("/bin/sh", "-c", BOOT, "rollbox-openhands-boot", str(port),
                             *without_listen_options(kind.command)),
