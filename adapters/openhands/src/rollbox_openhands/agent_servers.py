@@ -361,20 +361,26 @@ class AgentServers:
     async def _hand_out(self, lease: Lease, *, once: bool) -> Booted:
         """``lease``'s agent-server, healthy, its key read and its LLM forwarded."""
         sandbox = lease.sandbox
+        egress = Egress(sandbox, self.forward) if (
+            self.forward and self.network is Network.NONE) else None
+        known = lease.spec.ready_port  # else the boot picked one: known from ``boot``
         try:
-            egress = Egress(sandbox, self.forward) if (
-                self.forward and self.network is Network.NONE) else None
-            boot, _ = await asyncio.gather(
+            boot, endpoint, _ = await asyncio.gather(
                 sandbox.exec(["/bin/sh", "-c", HAND_OUT, "hand-out", sandbox.id],
                              timeout=self.boot_timeout),
+                sandbox.endpoint(known) if known else asyncio.sleep(0, None),
                 egress.start() if egress is not None else asyncio.sleep(0))
             port, _, key = boot.text.strip().partition(" ")
             if not boot.ok or not port.isdigit() or not key:
                 raise CreateFailedError(f"the agent-server's boot left no key: "
                                         f"{boot.stderr.decode(errors='replace')[-500:]}",
                                         sandbox_id=sandbox.id)
-            booted = Booted(lease, await sandbox.endpoint(int(port)), key, once, egress)
+            if endpoint is None:
+                endpoint = await sandbox.endpoint(int(port))
+            booted = Booted(lease, endpoint, key, once, egress)
         except BaseException:
+            if egress is not None:
+                await egress.close()
             await lease.release(Outcome.BROKEN)
             raise
         try:
