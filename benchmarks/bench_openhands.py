@@ -6,11 +6,15 @@ Run it in an environment with the OpenHands SDK (Python >= 3.12), e.g. the one t
 tests make (tests/openhands/test_openhands_env.py, recipe ``openhands-sdk``):
 
     ENV=~/.cache/rollbox-test-envs/openhands-sdk-*/
-    ROLLBOX_HOME=/var/tmp/rb-bench $ENV/bin/python benchmarks/bench_openhands.py \
-        --image openhands-agent-server:1.58.2 --rounds 5
+    ROLLBOX_HOME=/var/tmp/rb-bench nice -n 19 $ENV/bin/python \
+        benchmarks/bench_openhands.py --image openhands-agent-server:1.58.2 --rounds 5
 
-(build the image first: ``rollbox openhands build-image``). Prints medians and ratios;
-``--json PATH`` writes every sample. Timing is never asserted anywhere.
+(build the image first: ``rollbox openhands build-image``, import it into that home).
+The Runtime API is ``rollbox serve --face openhands`` (``--via standalone``: ``rollbox
+openhands serve``, the same handlers). A warm sample waits ``--settle`` seconds after a
+booted agent-server is ready (the background boots of the previous round finish first).
+Prints medians and ratios; ``--json PATH`` writes every sample. Timing is never
+asserted anywhere.
 """
 
 from __future__ import annotations

@@ -81,7 +81,7 @@ if [ -z "$OH_SESSION_API_KEYS_0" ]; then
   OH_SESSION_API_KEYS_0=$(od -An -tx1 -N32 /dev/urandom | tr -d ' \n')
   export OH_SESSION_API_KEYS_0
 fi
-printf '%s %s\n' "$port" "$OH_SESSION_API_KEYS_0" > "$BOOT_DIR/boot.new"
+printf '%s %s %s\n' "$port" "$$" "$OH_SESSION_API_KEYS_0" > "$BOOT_DIR/boot.new"
 mv "$BOOT_DIR/boot.new" "$BOOT_DIR/boot"
 exec "$@" --host 127.0.0.1 --port "$port" > "$BOOT_DIR/agent-server.log" 2>&1
 """.replace("$BOOT_DIR", BOOT_DIR)
@@ -89,10 +89,13 @@ exec "$@" --host 127.0.0.1 --port "$port" > "$BOOT_DIR/agent-server.log" 2>&1
 
 HAND_OUT = r"""
 while [ ! -s "$BOOT_DIR/boot" ]; do sleep 0.02; done
+read -r port pid key < "$BOOT_DIR/boot"
+kill -0 "$pid" || { echo "the agent-server (pid $pid) is gone" >&2; exit 3; }
 printf '%s\n' "$1" > "$BOOT_DIR/sandbox-id"
-cat "$BOOT_DIR/boot"
+echo "$port $key"
 """.replace("$BOOT_DIR", BOOT_DIR)
-"""Run at hand-out: names the sandbox, prints ``PORT KEY``."""
+"""Run at hand-out: checks the agent-server still runs, names the sandbox, prints
+``PORT KEY``."""
 
 _SIGNAL_ALL = r"""
 keep=" 1 $$ "; p=$PPID
@@ -359,7 +362,8 @@ class AgentServers:
         active.booting.add_done_callback(lambda task: self._booted(active, task))
 
     async def _hand_out(self, lease: Lease, *, once: bool) -> Booted:
-        """``lease``'s agent-server, healthy, its key read and its LLM forwarded."""
+        """``lease``'s agent-server, running and listening, its key read and its LLM
+        forwarded."""
         sandbox = lease.sandbox
         egress = Egress(sandbox, self.forward) if (
             self.forward and self.network is Network.NONE) else None
@@ -384,14 +388,18 @@ class AgentServers:
             await lease.release(Outcome.BROKEN)
             raise
         try:
-            await self._wait_healthy(booted)
+            if known is None:
+                # The backend waited for nothing: wait for /health. Otherwise it waited
+                # for the port, which the agent-server opens once its app has started,
+                # and HAND_OUT found it still running.
+                await self._wait_healthy(booted)
         except BaseException:
             await self._release(booted, Outcome.BROKEN)
             raise
         return booted
 
     async def _wait_healthy(self, booted: Booted) -> None:
-        """Until ``/health`` answers 200 (at once where the backend waited for the port)."""
+        """Until ``/health`` answers 200."""
         sandbox_id = booted.lease.sandbox.id
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.boot_timeout
