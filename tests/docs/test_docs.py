@@ -3,8 +3,10 @@ convention is in ``doc_blocks.py`` and CONTRIBUTING.md)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -102,11 +104,24 @@ def _run(block: Block, scratch: Path, env: dict[str, str]) -> None:
     else:
         code = console_script(block.code) if block.language == "console" else block.code
         command = ["bash", "-c", "set -euo pipefail\n" + code]
-    try:
-        result = subprocess.run(command, cwd=scratch, env=env, capture_output=True, text=True,
-                                timeout=BLOCK_TIMEOUT_S, stdin=subprocess.DEVNULL)
-    except subprocess.TimeoutExpired:
+    # Output goes to files, not pipes: a block's background job (`rollbox serve &`) must not
+    # hold the test until it ends; whatever of the block's session is left is killed after.
+    out, err = scratch / f"block_{block.line}.out", scratch / f"block_{block.line}.err"
+    with out.open("w") as stdout, err.open("w") as stderr:
+        process = subprocess.Popen(command, cwd=scratch, env=env, stdout=stdout, stderr=stderr,
+                                   stdin=subprocess.DEVNULL, start_new_session=True)
+        try:
+            code = process.wait(timeout=BLOCK_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            code = None
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+    if code is None:
         pytest.fail(f"{block.where}: still running after {BLOCK_TIMEOUT_S}s", pytrace=False)
+    result = subprocess.CompletedProcess(command, code, out.read_text(errors="replace"),
+                                         err.read_text(errors="replace"))
     if result.returncode != 0:
         pytest.fail(f"{block.where}: the {block.language} block exited {result.returncode}\n"
                     f"--- block\n{block.code}--- stdout\n{result.stdout[-4000:]}\n"

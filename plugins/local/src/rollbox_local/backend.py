@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import logging
 import os
 import resource
 import secrets
@@ -53,6 +54,8 @@ if TYPE_CHECKING:
     from rollbox_local.generation import Generation
 
 GiB = 1024**3
+
+_log = logging.getLogger("rollbox_local")
 
 
 class LocalBackend(Backend):
@@ -299,7 +302,14 @@ class LocalBackend(Backend):
     def _in_background(self, work: Coroutine[Any, Any, None]) -> None:
         task = asyncio.ensure_future(work)
         self._background.add(task)
-        task.add_done_callback(self._background.discard)
+        task.add_done_callback(self._background_done)
+
+    def _background_done(self, task: asyncio.Task[None]) -> None:
+        """A cleanup that failed leaves something behind: ``leftovers()`` and the next
+        start's sweep find it; say so here rather than as an unretrieved exception."""
+        self._background.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            _log.warning("background cleanup failed: %r", task.exception())
 
     @property
     def live_sandboxes(self) -> int:

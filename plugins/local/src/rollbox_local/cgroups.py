@@ -297,9 +297,11 @@ def _remove_group(path: Path, *, patience: float = 2.0) -> None:
     """rmdir a group and its children, deepest first, killing what still runs there
     after ``patience`` seconds (a generation's processes die with its agent, not at
     once)."""
-    if not path.is_dir():
+    try:  # another remover (a generation's stop racing the backend's close) may be first
+        children = sorted((p for p in path.iterdir() if p.is_dir()), reverse=True)
+    except (FileNotFoundError, NotADirectoryError):
         return
-    for child in sorted((p for p in path.iterdir() if p.is_dir()), reverse=True):
+    for child in children:
         _remove_group(child, patience=patience)
     for attempt in range(KILL_ROUNDS + 1):
         deadline = time.monotonic() + patience
