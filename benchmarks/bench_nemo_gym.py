@@ -13,12 +13,15 @@ over copy-on-write layers, handed out from a warm pool. Measured, side by side:
   command, stop), twice in a row: TTFC (start requested → first result) mean / max, and
   sandbox creations per session. rollbox's images are 32 small task images over the host
   (hydrated before the burst); ``local`` ignores images.
+* with ``--serve``: start → first result and exec round trip once more on the rollbox
+  provider with ``backend: remote``, through a ``rollbox serve`` (local backend) in a
+  process of its own, as NeMo Gym servers that share sandboxes between processes run.
 
 Runs in an environment with nemo-gym (Python 3.13, see docs/nemo-gym.md)::
 
     uv venv -p 3.13 /tmp/ng && uv pip install -p /tmp/ng --python-version 3.13.14 \\
-        nemo-gym==0.7.0 -e core -e plugins/local -e adapters/nemo-gym
-    /tmp/ng/bin/python benchmarks/bench_nemo_gym.py [--rounds 200] [--json out.json]
+        nemo-gym==0.7.0 -e core -e plugins/local -e plugins/remote -e serve -e adapters/nemo-gym
+    /tmp/ng/bin/python benchmarks/bench_nemo_gym.py [--rounds 200] [--serve] [--json out.json]
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ import logging
 import os
 import platform
 import shutil
+import signal
 import statistics
 import sys
 import tempfile
@@ -132,13 +136,41 @@ async def task_images(root: Path, count: int) -> list[str]:
     return refs
 
 
+async def through_serve(rounds: int, hold_s: float, work: Path) -> dict[str, Any]:
+    """Start → first result and exec on ``backend: remote``, through a ``rollbox serve``
+    of its own (its warm pool: a released sandbox reset and kept for the next)."""
+    state = work / "serve"
+    log = work / "serve.log"
+    with log.open("wb") as out:
+        server = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "rollbox", "serve", "--state-dir", str(state),
+            stdout=out, stderr=asyncio.subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 60
+        while b"use it:" not in log.read_bytes():
+            if server.returncode is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"rollbox serve did not start:\n{log.read_text()}")
+            await asyncio.sleep(0.05)
+        provider = {"rollbox": {"backend": "remote", "keep_warm_s": 600, "backend_options": {
+            "url": f"unix:{state / 'serve.sock'}", "token_file": str(state / "token")}}}
+        spec = SandboxSpec(workdir="/tmp")
+        times = await start_to_first_result(provider, spec, rounds, hold_s)
+        trips = await exec_round_trips(provider, spec, rounds)
+        rollbox_nemo_gym.shutdown()
+    finally:
+        server.send_signal(signal.SIGTERM)
+        await asyncio.wait_for(server.wait(), 60)
+    return {"start_to_first_result": summary(times["total"]),
+            "start_only": summary(times["start"]), "exec_round_trip": summary(trips)}
+
+
 def summary(times: Sequence[float]) -> dict[str, float]:
     return {"p50_ms": ms(statistics.median(times)), "p90_ms": ms(quantile(times, 0.9)),
             "mean_ms": ms(statistics.fmean(times)), "max_ms": ms(max(times)), "n": len(times)}
 
 
 async def run(rounds: int, sessions: int, images: int, hold_s: float,
-              work: Path) -> dict[str, Any]:
+              work: Path, serve: bool) -> dict[str, Any]:
     workspace = work / "local-provider"
     # local: its shipped config, concurrency raised to the burst so it is not its limit.
     local = {"local": {"workspace_root": str(workspace), "shell": "/bin/bash",
@@ -163,6 +195,8 @@ async def run(rounds: int, sessions: int, images: int, hold_s: float,
         "rollbox": summary(await exec_round_trips(rollbox, spec, rounds)),
     }
     rollbox_nemo_gym.shutdown()  # the burst starts from an empty pool
+    if serve:
+        result["through_serve"] = await through_serve(rounds, hold_s, work)
 
     refs = await task_images(work / "images", images)
     rollbox_specs = [SandboxSpec(image=ref, workdir="/repo") for ref in refs]
@@ -188,6 +222,11 @@ def report(result: dict[str, Any]) -> str:
         lines.append(f"{name:22} local p50 {local['p50_ms']:8.3f} ms p90 {local['p90_ms']:8.3f}"
                      f" | rollbox p50 {rollbox['p50_ms']:8.3f} ms p90 {rollbox['p90_ms']:8.3f}"
                      f" | rollbox/local p50 {rollbox['p50_ms'] / local['p50_ms']:.2f}")
+    for name, served in result.get("through_serve", {}).items():
+        local = result[name]["local"]
+        lines.append(f"{name:22} rollbox through rollbox serve p50 {served['p50_ms']:8.3f} ms "
+                     f"p90 {served['p90_ms']:8.3f} | /local p50 "
+                     f"{served['p50_ms'] / local['p50_ms']:.2f}")
     for index in range(2):
         local, rollbox = result["burst"]["local"][index], result["burst"]["rollbox"][index]
         lines.append(
@@ -205,6 +244,8 @@ def main() -> None:
     parser.add_argument("--images", type=int, default=32)
     parser.add_argument("--hold-ms", type=float, default=100.0,
                         help="how long a start-to-first-result session holds its sandbox")
+    parser.add_argument("--serve", action="store_true",
+                        help="also measure the provider through a rollbox serve (remote)")
     parser.add_argument("--json", type=Path, help="also write the results here")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="bench-nemo-gym-"))
@@ -212,7 +253,7 @@ def main() -> None:
     os.environ.setdefault("ROLLBOX_HOME", str(work / "rollbox-home"))
     try:
         result = asyncio.run(run(args.rounds, args.sessions, args.images,
-                                 args.hold_ms / 1000, work))
+                                 args.hold_ms / 1000, work, args.serve))
     finally:
         shutil.rmtree(work, ignore_errors=True)
     result["machine"] = {"cpus": os.cpu_count(), "python": platform.python_version(),

@@ -18,7 +18,7 @@ RECIPE = EnvRecipe(
     name="nemo-gym",
     python="3.13",
     requirements=("nemo-gym==0.7.0", "mypy==2.4.1"),
-    editable=("core", "plugins/local", "bench", "adapters/nemo-gym"),
+    editable=("core", "plugins/local", "plugins/remote", "serve", "bench", "adapters/nemo-gym"),
     # nemo-gym declares Python >= 3.13.14; pyenv's 3.13 may be an older patch release
     # (3.13.0 here), which runs it fine. Resolve as if for 3.13.14.
     install_args=("--python-version", "3.13.14"),

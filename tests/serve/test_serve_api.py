@@ -71,6 +71,29 @@ async def test_attach_from_another_client(server: Server, remote: RemoteBackend,
         await other.aclose()
 
 
+async def test_detach_leaves_the_sandbox_and_closes_its_endpoints_here(
+    server: Server, remote: RemoteBackend, token: str
+) -> None:
+    other = await connect(server, token, owner="other-process")
+    sandbox = await remote.create(SPEC)
+    try:
+        await sandbox.exec("python3 -m http.server 8000 --bind 127.0.0.1 >/dev/null 2>&1 &")
+        attached = await other.attach(sandbox.id)
+        endpoint = await attached.endpoint(8000)
+        _, writer = await asyncio.open_connection(endpoint.host, endpoint.port)
+        writer.close()
+        await attached.detach()
+        with pytest.raises(OSError):  # the relay in this process is gone
+            await asyncio.open_connection(endpoint.host, endpoint.port)
+        with pytest.raises(SandboxLostError):  # and the handle with it
+            await attached.exec(["true"])
+        assert (await sandbox.exec(["true"])).ok  # the sandbox is its creator's still
+        assert await other.leftovers() == []
+    finally:
+        await sandbox.close()
+        await other.aclose()
+
+
 async def test_unknown_handles_are_typed_not_found(remote: RemoteBackend) -> None:
     with pytest.raises(SandboxNotFoundError) as caught:
         await remote.attach("rbx-0123456789abcdef0123456789abcdef")

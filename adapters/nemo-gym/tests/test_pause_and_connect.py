@@ -1,10 +1,9 @@
-"""Optional capabilities NeMo Gym checks for: pause/resume and serialize/connect."""
+"""Optional capabilities NeMo Gym checks for: pause/resume, and serialize/connect in one
+process (across processes: test_ports_and_serve.py)."""
 
 from __future__ import annotations
 
-import asyncio
 import json
-import sys
 
 import pytest
 from nemo_gym.sandbox import AsyncSandbox, SandboxSpec, SandboxStatus
@@ -61,30 +60,3 @@ async def test_a_handle_serializes_to_ids_and_connects_in_this_process() -> None
         await AsyncSandbox.connect(descriptor, provider=borrower)
     await creator.aclose()
     assert sandbox_processes() == []
-
-
-CONNECT_ELSEWHERE = """
-import asyncio, json, sys
-from nemo_gym.sandbox import AsyncSandbox
-from rollbox_nemo_gym import RollboxProvider
-
-async def main():
-    try:
-        await AsyncSandbox.connect(json.loads(sys.argv[1]), provider=RollboxProvider())
-    except Exception as exc:
-        print(type(exc).__name__, exc)
-
-asyncio.run(main())
-"""
-
-
-async def test_another_process_is_told_to_share_through_rollbox_serve() -> None:
-    async with AsyncSandbox({"rollbox": {"keep_warm_s": 0}}, SPEC) as sandbox:
-        await sandbox.start()
-        descriptor = await sandbox.serialize()
-        other = await asyncio.create_subprocess_exec(
-            sys.executable, "-c", CONNECT_ELSEWHERE, json.dumps(descriptor),
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
-        out, err = await asyncio.wait_for(other.communicate(), 120)
-    assert out.startswith(b"SandboxLostError"), err
-    assert b"rollbox serve" in out

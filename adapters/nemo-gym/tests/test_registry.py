@@ -5,8 +5,10 @@ from __future__ import annotations
 from importlib.metadata import entry_points
 
 import pytest
+import rollbox_nemo_gym
 from nemo_gym.sandbox import (
     ConnectableProvider,
+    SupportsSandboxEndpoint,
     SupportsSandboxPauseResume,
     create_provider,
     get_provider_class,
@@ -33,6 +35,14 @@ def test_the_shipped_yaml_block_makes_a_provider() -> None:
     assert provider.config.image == "host"
     assert isinstance(provider, ConnectableProvider)
     assert isinstance(provider, SupportsSandboxPauseResume)
+
+
+def test_the_shipped_remote_yaml_block_makes_a_provider_on_rollbox_serve() -> None:
+    provider = create_provider(provider_block(rollbox_nemo_gym.CONFIG_REMOTE))
+    assert isinstance(provider, RollboxProvider)
+    assert provider.config.backend_name == "remote"
+    assert provider.config.shared_pool_options["policy"] == "none"  # the server pools
+    assert isinstance(provider, SupportsSandboxEndpoint)
 
 
 @pytest.mark.parametrize(

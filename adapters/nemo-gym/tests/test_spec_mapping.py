@@ -14,7 +14,6 @@ from rollbox.errors import (
     UsageError,
 )
 from rollbox.spec import Network
-from rollbox_local import LocalBackend
 from rollbox_nemo_gym import RollboxProvider, SpecNotSupportedError
 from rollbox_nemo_gym.config import ProviderConfig
 from rollbox_nemo_gym.specs import MAPPED_FIELDS, MAPPED_RESOURCES, map_spec
@@ -136,15 +135,6 @@ async def test_create_refuses_before_any_sandbox_starts() -> None:
     provider = RollboxProvider(keep_warm_s=0)
     with pytest.raises(SpecNotSupportedError):
         await provider.create(SandboxSpec(resources={"gpu": 1}))
-    await provider.aclose()
-
-
-async def test_ports_are_refused_where_the_backend_cannot_expose_them() -> None:
-    if getattr(LocalBackend.capabilities, "ports", False):
-        pytest.skip("the local backend exposes ports: test_ports_and_serve.py")
-    provider = RollboxProvider(keep_warm_s=0)
-    with pytest.raises(SpecNotSupportedError, match="cannot expose sandbox ports"):
-        await provider.create(SandboxSpec(ports=[8080]))
     await provider.aclose()
 
 

@@ -123,3 +123,16 @@ async def test_an_entrypoint_is_running_when_create_returns_and_after_each_reset
             await sandbox.exec("touch left-behind")
     (shared,) = shared_pools()
     assert shared.pool.metrics.counters["creations"] == 1
+
+
+@pytest.mark.parametrize(
+    ("entrypoint", "says"),
+    [(["false"], "exited with 1"), (["sleep", "1000"], "accepts connections on port 8000")],
+)
+async def test_an_entrypoint_that_never_serves_is_a_create_error_that_says_why(
+    entrypoint: list[str], says: str
+) -> None:
+    spec = SandboxSpec(entrypoint=entrypoint, ports=[8000], ready_timeout_s=5)
+    async with AsyncSandbox({"rollbox": {"keep_warm_s": 0}}, spec) as sandbox:
+        with pytest.raises(SandboxCreateError, match=says):
+            await sandbox.start()

@@ -27,12 +27,17 @@ from rollbox_nemo_gym.specs import SpecNotSupportedError
 CONFIG = Path(__file__).parent / "configs" / "rollbox.yaml"
 """The provider's YAML block, to add to NeMo Gym's ``config_paths``."""
 
+CONFIG_REMOTE = Path(__file__).parent / "configs" / "rollbox_remote.yaml"
+"""The same on the ``remote`` backend: sandboxes of a ``rollbox serve``, shared by every
+process (``serialize`` in one, ``connect`` in another)."""
+
 GYM_ROOT = Path(__file__).parent / "gym"
 """A NeMo Gym component root (for ``NEMO_GYM_EXTRA_ROOTS``) holding the resources server
 ``rollbox_env``: any rollbox environment, served by ``rollbox_nemo_gym.server``."""
 
 __all__ = [
     "CONFIG",
+    "CONFIG_REMOTE",
     "GYM_ROOT",
     "RollboxCreateError",
     "RollboxProvider",

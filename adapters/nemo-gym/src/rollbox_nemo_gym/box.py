@@ -28,6 +28,7 @@ from rollbox.errors import (
 )
 from rollbox.pool import Lease, Outcome
 from rollbox.sandbox import ExecResult, Sandbox, Snapshot
+from rollbox_remote.backend import RemoteSandbox
 
 from rollbox_nemo_gym.specs import MappedSpec
 
@@ -140,10 +141,7 @@ class Box:
             raise ValueError(f"sandbox port {port} was not declared in SandboxSpec.ports; "
                              f"declared ports: {list(self.mapped.ports)}")
         self._usable()
-        expose = getattr(self.sandbox, "endpoint", None)  # rollbox's port exposure, where
-        if expose is None:                                # this rollbox has it
-            raise CapabilityNotSupportedError("this rollbox cannot expose sandbox ports")
-        found = await expose(port)
+        found = await self.sandbox.endpoint(port)
         return SandboxEndpoint(endpoint=found.url, headers=dict(found.headers))
 
     async def status(self) -> SandboxStatus:
@@ -213,6 +211,15 @@ class Box:
         elif not self.paused:
             with contextlib.suppress(RollboxError, OSError):
                 await self.sandbox.close()
+
+    async def let_go(self) -> None:
+        """Stop using a sandbox attached from another process without ending it (its
+        creator does): what this process opened for it (port relays) closes."""
+        if self.ended is None:
+            self.ended = "was let go by this process; its creator still holds it"
+        if isinstance(self.sandbox, RemoteSandbox) and self.lease is None:
+            with contextlib.suppress(RollboxError, OSError):
+                await self.sandbox.detach()
 
     def _expire(self) -> None:
         self._expiry = None

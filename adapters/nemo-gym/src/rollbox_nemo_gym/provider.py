@@ -30,6 +30,7 @@ import weakref
 from collections.abc import Coroutine, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
+from urllib.parse import urlsplit, urlunsplit
 
 from nemo_gym.sandbox import (
     SandboxCreateError,
@@ -42,13 +43,16 @@ from nemo_gym.sandbox import (
 from rollbox.envs.bridge import LoopThread
 from rollbox.envs.pools import PoolRegistry, SharedPool, registry
 from rollbox.errors import (
+    AcquireTimeoutError,
     PoolError,
     RollboxError,
     SandboxError,
     SandboxLostError,
+    SandboxNotFoundError,
     UsageError,
 )
 from rollbox.plugins import backend_class, get_plugin_manager
+from rollbox_remote.backend import RemoteBackend
 
 from rollbox_nemo_gym.box import Box
 from rollbox_nemo_gym.config import ProviderConfig
@@ -85,6 +89,9 @@ class RollboxProvider:
         self._registry: PoolRegistry | None = None
         self._shared: SharedPool | None = None
         self._owned: dict[str, Box] = {}
+        self._borrowed: dict[str, Box] = {}
+        """Sandboxes of other processes ``connect`` attached: ``close`` ends them,
+        ``aclose`` lets them go (their creator ends them)."""
 
     # -- SandboxProvider -------------------------------------------------------------------
 
@@ -147,19 +154,24 @@ class RollboxProvider:
         """Give the sandbox back to its pool to be reset in place. Idempotent."""
         box = _box(handle)
         self._owned.pop(box.id, None)
+        self._borrowed.pop(box.id, None)
         if box.thread.alive:
             await box.thread.call(_close(box))
 
     async def aclose(self) -> None:
         """Close every sandbox this provider made and leave the shared pool (which
-        closes after ``keep_warm_s`` without providers, at once when it is 0)."""
+        closes after ``keep_warm_s`` without providers, at once when it is 0). Sandboxes
+        ``connect`` found are left to their creator (their port relays here close)."""
         owned, self._owned = list(self._owned.values()), {}
+        borrowed, self._borrowed = list(self._borrowed.values()), {}
         thread, pools, shared = self._thread, self._registry, self._shared
         self._thread = self._registry = self._shared = None
         if thread is None or not thread.alive:
             return
         for box in owned:
             await thread.call(_close(box))
+        for box in borrowed:
+            await thread.call(box.let_go())
         if pools is not None and shared is not None:
             await thread.call(pools.detach(shared, self.config.keep_warm_s))
 
@@ -191,18 +203,24 @@ class RollboxProvider:
     async def serialize_handle(
         self, handle: SandboxHandle, *, scope: str | None = None
     ) -> dict[str, Any]:
-        """A descriptor ``connect`` rebuilds the handle from: ids only, no credentials."""
+        """A descriptor ``connect`` rebuilds the handle from: ids and, for ``remote``, the
+        server's address; never a token (the connecting process has its own)."""
         box = _box(handle)
-        return {"provider": self.name, "sandbox_id": box.id, "rollbox_id": box.rollbox_id,
-                "backend": box.backend.name, "host": socket.gethostname(), "pid": os.getpid()}
+        descriptor = {"provider": self.name, "sandbox_id": box.id,
+                      "rollbox_id": box.rollbox_id, "backend": box.backend.name,
+                      "host": socket.gethostname(), "pid": os.getpid()}
+        if isinstance(box.backend, RemoteBackend):
+            descriptor["server"] = _without_credentials(box.backend.url)
+        return descriptor
 
     async def connect(self, descriptor: Mapping[str, Any]) -> SandboxHandle:
         """The sandbox a descriptor names, as a handle of this provider.
 
-        In the process that made it, the sandbox itself. Elsewhere, the backend must be
-        one every process reaches by id — ``remote`` (a ``rollbox serve``) — and this
-        provider's own settings say where it is and hold the token. Stopping the handle
-        ends the sandbox; ``AsyncSandbox.disconnect`` leaves it to its creator.
+        In the process that made it, the sandbox itself. Elsewhere, both processes must
+        use a backend every process reaches by id — ``remote``, a ``rollbox serve`` —
+        and this provider's own settings say where the server is and where its token
+        comes from. Stopping the handle ends the sandbox; ``AsyncSandbox.disconnect``
+        leaves it to its creator.
         """
         sandbox_id = descriptor.get("sandbox_id")
         rollbox_id = descriptor.get("rollbox_id")
@@ -210,17 +228,41 @@ class RollboxProvider:
             raise UsageError(f"not a rollbox sandbox descriptor: {dict(descriptor)!r}")
         thread, _ = registry()
         box = await thread.call(_find(sandbox_id))
-        if box is None and isinstance(rollbox_id, str):
-            box = await thread.call(self._attach_to(thread, rollbox_id, descriptor))
+        if box is None and isinstance(rollbox_id, str) and self._reaches(descriptor):
+            try:
+                box = await thread.call(self._attach_to(thread, rollbox_id, descriptor))
+            except SandboxNotFoundError as exc:
+                raise SandboxNotFoundError(
+                    f"no sandbox {sandbox_id} on the rollbox server at "
+                    f"{descriptor.get('server', '?')}: it was stopped, or its idle TTL "
+                    f"took it back ({exc.message})", sandbox_id=sandbox_id) from exc
         if box is None:
-            elsewhere = (descriptor.get("pid") != os.getpid()
-                         or descriptor.get("host") != socket.gethostname())
-            hint = ("it lives in another process: share sandboxes between processes with "
-                    "`rollbox serve` and backend: remote" if elsewhere
-                    else "it was stopped")
-            raise SandboxLostError(f"no sandbox {sandbox_id} here; {hint}",
+            raise SandboxLostError(f"no sandbox {sandbox_id} here; {self._why_not(descriptor)}",
                                    sandbox_id=sandbox_id)
         return SandboxHandle(sandbox_id=box.id, provider_name=self.name, raw=box)
+
+    def _reaches(self, descriptor: Mapping[str, Any]) -> bool:
+        """Whether this provider's backend reaches the descriptor's sandbox by id."""
+        return (descriptor.get("backend") == self.config.backend_name
+                and _attaches(self.config.backend_name))
+
+    def _why_not(self, descriptor: Mapping[str, Any]) -> str:
+        """Why ``connect`` cannot reach the sandbox of ``descriptor``, and what to
+        configure so that it can."""
+        made_by = descriptor.get("backend")
+        if made_by == "remote":
+            return (f"it is on the rollbox server at {descriptor.get('server', '?')}, and this "
+                    f"provider uses the {self.config.backend_name} backend: give it "
+                    "`backend: remote` with that server's url")
+        if (descriptor.get("pid"), descriptor.get("host")) == (os.getpid(), socket.gethostname()):
+            return "it was stopped"
+        return (f"it is a {made_by} sandbox of process {descriptor.get('pid')} on "
+                f"{descriptor.get('host')}, and {made_by} sandboxes live in the process that "
+                "made them; to share sandboxes between processes, start `rollbox serve` and "
+                "give the providers of both processes `backend: remote` (`backend_options: "
+                "{url: ...}` unless the server is at its default socket; the token from "
+                "ROLLBOX_TOKEN, ROLLBOX_TOKEN_FILE or the server's token file, never in the "
+                "descriptor)")
 
     # -- internals --------------------------------------------------------------------------
 
@@ -236,9 +278,14 @@ class RollboxProvider:
             lease = await shared.pool.acquire(mapped.spec, timeout=mapped.ready_timeout_s)
             box = await Box.open(lease, mapped, shared.backend, self.config.shell, thread)
         except (SandboxError, PoolError) as exc:
+            ready = mapped.spec.ready_port
+            hint = (f"; a sandbox with an entrypoint is ready once something in it accepts "
+                    f"connections on port {ready} (127.0.0.1 or 0.0.0.0): check that the "
+                    "entrypoint listens there, or raise ready_timeout_s"
+                    if isinstance(exc, AcquireTimeoutError) and ready is not None else "")
             raise RollboxCreateError(
                 f"rollbox could not start a sandbox of image {mapped.spec.image!r}: "
-                f"{exc.message}", exc,
+                f"{exc.message}{hint}", exc,
             ) from exc
         _boxes[box.id] = box
         self._owned[box.id] = box
@@ -246,10 +293,8 @@ class RollboxProvider:
 
     async def _attach_to(
         self, thread: LoopThread, rollbox_id: str, descriptor: Mapping[str, Any]
-    ) -> Box | None:
-        """A sandbox of another process, by its rollbox id, where the backend can."""
-        if not _attaches(self.config.backend_name):
-            return None
+    ) -> Box:
+        """A sandbox of another process, by its rollbox id (the backend attaches)."""
         fresh = self._shared is None
         shared = await self._attach(thread)
         try:
@@ -265,6 +310,7 @@ class RollboxProvider:
                             ports=ports)
         box = Box(sandbox, None, mapped, shared.backend, self.config.shell, thread)
         _boxes[box.id] = box
+        self._borrowed[box.id] = box
         return box
 
     async def _attach(self, thread: LoopThread) -> SharedPool:
@@ -305,6 +351,14 @@ def _outlived(box: Box) -> SandboxExecResult:
 def _attaches(backend: str) -> bool:
     """Whether ``backend``'s sandboxes can be reached by id from any process."""
     return callable(getattr(backend_class(get_plugin_manager(), backend), "attach", None))
+
+
+def _without_credentials(url: str) -> str:
+    """``url`` without a ``user:password@`` part: a descriptor carries no secrets."""
+    parts = urlsplit(url)
+    if parts.username is None and parts.password is None:
+        return url
+    return urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2]))
 
 
 def _box(handle: SandboxHandle) -> Box:

@@ -47,7 +47,9 @@ class Address:
         if parts.path not in ("", "/") or parts.query:
             raise UsageError(f"rollbox server URL {url!r} must not have a path or query")
         scheme: Literal["http", "https"] = "https" if parts.scheme == "https" else "http"
-        return cls(scheme, parts.hostname, port or (443 if scheme == "https" else 80))
+        if port is None:  # an explicit port 0 stays 0: a server picks a free port
+            port = 443 if scheme == "https" else 80
+        return cls(scheme, parts.hostname, port)
 
     @classmethod
     def _unix(cls, path: str, url: str) -> Address:

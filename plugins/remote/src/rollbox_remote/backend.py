@@ -366,6 +366,15 @@ class RemoteSandbox(Sandbox):
             self.relays[port] = relay
         return Endpoint(relay.url, dict(data.get("headers") or {}))
 
+    async def detach(self) -> None:
+        """Stop using this handle without closing the sandbox (an attached one's creator
+        closes it): the endpoints it opened here close; later calls are SandboxLostError."""
+        relays, self.relays = list(self.relays.values()), {}
+        await asyncio.gather(*(r.aclose() for r in relays))
+        self._closed = True
+        if self.backend._sandboxes.get(self.id) is self:  # not the creator's, if attached
+            del self.backend._sandboxes[self.id]
+
     async def close(self) -> None:
         """Give the sandbox back to the server (reset for the next client, or closed if
         it failed here). Idempotent; a sandbox the server no longer holds is closed."""
