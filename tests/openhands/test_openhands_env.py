@@ -18,7 +18,7 @@ from isolated_env import EnvRecipe, cache_root, ensure_env, run_pytest_in
 
 pytestmark = pytest.mark.slow
 
-ROLLBOX = ("core", "plugins/local", "adapters/openhands")
+ROLLBOX = ("core", "plugins/local", "plugins/remote", "serve", "adapters/openhands")
 SDK_RECIPE = EnvRecipe(
     name="openhands-sdk", python="3.12",
     requirements=("openhands-sdk==1.58.2", "openhands-workspace==1.58.2",

@@ -7,7 +7,7 @@ import json
 from collections.abc import Sequence
 
 import pytest
-from rollbox_openhands.agent_servers import agent_server_argv
+from rollbox_openhands.agent_servers import command_port, without_listen_options
 from rollbox_openhands.runtime_api import (
     Runtime,
     RuntimeAPI,
@@ -77,9 +77,12 @@ def test_bad_start_bodies_are_refused_with_the_reason(body: object, words: str) 
         StartRequest.from_json(body)
 
 
-def test_agent_server_argv_listens_on_loopback_at_rollboxs_port() -> None:
-    assert agent_server_argv(["srv", "--port", "60000", "--host=0.0.0.0", "-x"], 4321) == [
-        "srv", "-x", "--host", "127.0.0.1", "--port", "4321"]
+def test_rollbox_chooses_where_the_agent_server_listens() -> None:
+    command = ["srv", "--port", "60000", "--host=0.0.0.0", "-x"]
+    assert without_listen_options(command) == ["srv", "-x"]
+    assert command_port(command) == 60000
+    assert command_port(["srv", "--port=7000"]) == 7000
+    assert command_port(["srv"]) == 8000  # the agent-server's default
 
 
 async def test_routes_and_auth() -> None:

@@ -5,7 +5,8 @@ packages and real rollbox sandboxes).
 - ``rollbox_home``: a temporary ROLLBOX_HOME for the whole session;
 - ``agent_server_image(version, chromium)``: the image `rollbox openhands build-image`
   makes, built once per recipe into $ROLLBOX_OPENHANDS_IMAGE_CACHE and imported;
-- ``runtime_api``: `rollbox openhands serve` as a subprocess, its URL and key.
+- ``runtime_api``: `rollbox serve --face openhands` as a subprocess, its URL and key;
+- ``openhands_serve``: `rollbox openhands serve`, the same handlers standing alone.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -106,6 +108,9 @@ class RuntimeAPIServer:
     api_key: str
     process: subprocess.Popen[str]
     log: Path
+    server_url: str = ""
+    """`rollbox serve`'s own address (its remote backend API), if it is that server."""
+    token: str = ""
 
 
 @pytest.fixture
@@ -115,40 +120,69 @@ def llm() -> Iterator[ScriptedLLM]:
         yield scripted
 
 
+def _serve(command: list[str], ready: str, log: Path, env: dict[str, str]) -> tuple[
+        str, subprocess.Popen[str]]:
+    """Start ``command``; its URL once its log matches ``ready``."""
+    with log.open("w") as sink:
+        process = subprocess.Popen(command, stdout=sink, stderr=subprocess.STDOUT, text=True,
+                                   env={**os.environ, **env})
+    for _ in range(600):
+        match = re.search(ready, log.read_text())
+        if match:
+            return match.group(1), process
+        if process.poll() is not None:
+            break
+        time.sleep(0.1)
+    process.kill()
+    pytest.fail(f"{' '.join(command[2:5])} did not start:\n{log.read_text()}")
+
+
+def _stop(server: RuntimeAPIServer, agent_logs: Path) -> None:
+    for agent_log in sorted(agent_logs.glob("*.log")):
+        print(f"--- {agent_log.name} (last 3000 characters)\n{agent_log.read_text()[-3000:]}")
+    server.process.send_signal(signal.SIGTERM)
+    try:
+        code = server.process.wait(timeout=120)
+    except subprocess.TimeoutExpired:
+        server.process.kill()
+        pytest.fail(f"the Runtime API did not stop:\n{server.log.read_text()[-4000:]}")
+    assert code == 0, server.log.read_text()[-4000:]
+
+
 @pytest.fixture
 def runtime_api(rollbox_home: Path, tmp_path: Path,
                 llm: ScriptedLLM) -> Iterator[RuntimeAPIServer]:
-    """`rollbox openhands serve` on a free port (sandboxes without network, the LLM's
-    port forwarded), stopped (and checked) at the end."""
+    """`rollbox serve --face openhands` on a free port (sandboxes without network, the
+    LLM's port forwarded), with a Runtime API key of its own; stopped (and checked) at
+    the end. ``url`` is the Runtime API's (``.../openhands``)."""
     api_key = "test-key-" + os.urandom(8).hex()
-    log = tmp_path / "serve.log"
-    with log.open("w") as sink:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "rollbox", "openhands", "serve", "--port", "0",
-             "--api-key", api_key, "--warm", "1", "--forward", str(llm.port),
-             "--agent-logs", str(tmp_path / "agent-servers")],
-            stdout=sink, stderr=subprocess.STDOUT, text=True)
-    url = None
-    for _ in range(600):
-        match = re.search(r"OpenHands Runtime API on (\S+)", log.read_text())
-        if match:
-            url = match.group(1)
-            break
-        if process.poll() is not None:
-            break
-        import time
+    token = "server-token-" + os.urandom(8).hex()
+    agent_logs = tmp_path / "agent-servers"
+    base, process = _serve(
+        [sys.executable, "-m", "rollbox", "serve", "--listen", "127.0.0.1:0",
+         "--state-dir", str(tmp_path / "serve"), "--face", "openhands",
+         "--pool-idle", "600"],  # no surplus closed while a test waits for a boot
+        r"local backend on (http://\S+)", tmp_path / "serve.log",
+        {"ROLLBOX_TOKEN": token, "ROLLBOX_OPENHANDS_API_KEY": api_key,
+         "ROLLBOX_OPENHANDS_FORWARD": str(llm.port),
+         "ROLLBOX_OPENHANDS_AGENT_LOGS": str(agent_logs)})
+    server = RuntimeAPIServer(f"{base}/openhands", api_key, process, tmp_path / "serve.log",
+                              base, token)
+    yield server
+    _stop(server, agent_logs)
 
-        time.sleep(0.1)
-    if url is None:
-        process.kill()
-        pytest.fail(f"rollbox openhands serve did not start:\n{log.read_text()}")
-    yield RuntimeAPIServer(url, api_key, process, log)
-    for agent_log in sorted((tmp_path / "agent-servers").glob("*.log")):
-        print(f"--- {agent_log.name} (last 3000 characters)\n{agent_log.read_text()[-3000:]}")
-    process.send_signal(signal.SIGTERM)
-    try:
-        code = process.wait(timeout=120)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        pytest.fail(f"rollbox openhands serve did not stop:\n{log.read_text()[-4000:]}")
-    assert code == 0, log.read_text()[-4000:]
+
+@pytest.fixture
+def openhands_serve(rollbox_home: Path, tmp_path: Path,
+                    llm: ScriptedLLM) -> Iterator[RuntimeAPIServer]:
+    """`rollbox openhands serve --warm 2` (the same handlers on a pool of its own)."""
+    api_key = "test-key-" + os.urandom(8).hex()
+    agent_logs = tmp_path / "agent-servers"
+    url, process = _serve(
+        [sys.executable, "-m", "rollbox", "openhands", "serve", "--port", "0",
+         "--api-key", api_key, "--warm", "2", "--forward", str(llm.port),
+         "--agent-logs", str(agent_logs)],
+        r"OpenHands Runtime API on (\S+)", tmp_path / "serve.log", {})
+    server = RuntimeAPIServer(url, api_key, process, tmp_path / "serve.log")
+    yield server
+    _stop(server, agent_logs)

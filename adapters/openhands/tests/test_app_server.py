@@ -1,5 +1,5 @@
 """The unmodified OpenHands app server (openhands-ai 1.11) with ``RUNTIME=remote``
-pointed at `rollbox openhands serve`: a conversation started through its HTTP API runs
+pointed at `rollbox serve --face openhands`: a conversation started through its HTTP API runs
 its tool call in a rollbox sandbox and finishes; pause, resume and delete go through
 the app server to rollbox.
 
@@ -93,8 +93,8 @@ def test_app_server_conversation_runs_in_rollbox(app_server: httpx.Client, runti
     log: Path = app_server.log  # type: ignore[attr-defined]
     rollbox = httpx.Client(base_url=runtime_api.url, headers={"X-API-Key": runtime_api.api_key})
     proof = f"/tmp/rollbox-proof-{uuid.uuid4().hex}"
-    command = (f'echo "sandbox=$ROLLBOX_SANDBOX_ID host=$(hostname)"; touch {proof}; '
-               f'ls {proof}')
+    command = (f'echo "sandbox=$(cat /tmp/rollbox-openhands/sandbox-id) host=$(hostname)"; '
+               f'touch {proof}; ls {proof}')
     llm.command = command
     settings = app_server.post("/api/v1/settings", json={"agent_settings_diff": {"llm": {
         "model": "openai/scripted", "base_url": llm.base_url, "api_key": "none"}}})

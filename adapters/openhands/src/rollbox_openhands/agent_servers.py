@@ -1,29 +1,30 @@
-"""Agent-servers in rollbox sandboxes, booted ahead of need and reset in place.
+"""Agent-servers as the entrypoint of rollbox sandboxes, handed out warm.
 
-Booting an agent-server (a Python process importing ~200 packages) takes seconds; a
-``/start`` that finds one already booted answers at once. So, per *kind* of start (the
-same image, command, working directory and environment: what the agent-server reads
-when it boots), ``AgentServers`` keeps ``warm`` agent-servers booted and healthy. The
-first ``/start`` of a kind boots one cold; from then on that kind is kept warm.
+Booting an agent-server (a Python process importing ~200 packages) takes seconds. What
+it reads at boot is fixed by its ``/start``: image, command, working directory,
+environment (a *kind*). Each kind is one ``SandboxSpec`` whose ``entrypoint`` is the
+agent-server (wrapped in ``BOOT``) and whose ``ready_port`` is its port, so the backend
+starts it with every fresh sandbox generation and hands the sandbox out only once it
+listens. Warm sandboxes of the pool are running agent-servers; ``/stop`` gives the
+sandbox back, the pool resets it in place, and the backend boots the next agent-server
+in it. The first ``/start`` of a kind boots cold; from then on ``warm`` of that kind are
+kept booted (``want_warm``).
 
-Sandboxes come from a rollbox ``Pool``: ``/stop`` gives the lease back, the pool resets
-the sandbox in place (its writable layer dropped, every process killed), and the filler
-boots the next agent-server in it — a reuse, not a new sandbox.
+The session key. The agent-server reads its keys (``OH_SESSION_API_KEYS_0``) once, at
+boot, so a warm agent-server's key is made before anyone asks for it: ``BOOT`` draws 32
+random bytes inside the sandbox at each generation, gives them to that agent-server
+only and leaves them in ``BOOT_DIR/boot`` for the host, which reads them at hand-out.
+Every generation, and so every conversation after a reset, has a new key; no other
+sandbox and no other conversation sees it. A cold ``/start`` must answer with its key
+before its sandbox exists: rollbox draws that key itself and boots the agent-server
+from a spec of its own carrying it, used once and closed at ``/stop``.
 
-The session key. The agent-server reads its keys (``OH_SESSION_API_KEYS_0``) once, when
-it boots, and ``/start`` must answer with the key, so the key of a pre-booted server is
-fixed before anyone asks for it: rollbox generates one per boot (32 random bytes), hands
-it to that agent-server's environment only, and keeps it with the booted server. Each
-boot, and so each conversation after a reset, has a new key; nothing else in the
-sandbox is told it (code running in the sandbox can read its own agent-server's
-environment, as in OpenHands' own containers).
-
-The network. By default a sandbox has none: the agent-server listens on its own
-loopback at the port its command names (60000 as OpenHands sends it) and the host
-reaches it through an ``Ingress`` (a listener on the host's 127.0.0.1, see
-``rollbox_openhands.tunnel``); the agent-server reaches its LLM only through the ports
-``forward`` names (an ``Egress``). With ``network="host"`` the sandbox shares the host's
-network and each agent-server listens on a free host port instead.
+The network. A sandbox has none by default: the agent-server listens on its own
+loopback and the host reaches it through ``Sandbox.endpoint`` (the backend must declare
+``capabilities.ports`` and ``capabilities.entrypoint``); it reaches its LLM only through
+the ports ``forward`` names (an ``Egress``). With ``network="host"`` the sandbox shares
+the host's network, every agent-server picks a free port at boot (no ``ready_port``:
+the hand-out waits for ``/health``) and reaches what the host reaches.
 """
 
 from __future__ import annotations
@@ -32,35 +33,81 @@ import asyncio
 import contextlib
 import logging
 import secrets
-import socket
 import uuid
-from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import aiohttp
-from rollbox.errors import CreateFailedError, ExecTimeoutError, RollboxError, SandboxError
+from rollbox.errors import (
+    CapabilityNotSupportedError,
+    CreateFailedError,
+    RollboxError,
+    SandboxError,
+)
 from rollbox.pool import Lease, Outcome, Pool
-from rollbox.sandbox import Process
+from rollbox.sandbox import Endpoint
 from rollbox.spec import FrozenMap, Network, Resources, SandboxSpec, Timeouts
 
+from rollbox_openhands.door import Door
+from rollbox_openhands.egress import Egress
 from rollbox_openhands.runtime_api import Runtime, StartRequest
-from rollbox_openhands.tunnel import PYTHON, Egress, Ingress
 
 _log = logging.getLogger(__name__)
 
 KEY_VARIABLE = "OH_SESSION_API_KEYS_0"
-SANDBOX_VARIABLE = "ROLLBOX_SANDBOX_ID"
-"""The rollbox sandbox's id, in the agent-server's (and so its commands') environment."""
-RUN_FOREVER_S = 365 * 24 * 3600.0
-LOG_BYTES = 64 * 1024
+BOOT_DIR = "/tmp/rollbox-openhands"
+"""In every agent-server's sandbox: ``boot`` (its port and key), ``agent-server.log``
+(its output) and, once handed out, ``sandbox-id`` (the rollbox sandbox's id)."""
 DEFAULT_PORT = 8000
+LOG_BYTES = 256 * 1024
 BASE_ENV = {
     # The sandbox has no route to the internet: litellm must not fetch its price list.
     "LITELLM_LOCAL_MODEL_COST_MAP": "True",
     "OPENHANDS_SUPPRESS_BANNER": "1",
 }
+
+BOOT = r"""
+set -e
+umask 077
+mkdir -p "$BOOT_DIR"
+port=$1; shift
+if [ "$port" = 0 ]; then
+  port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0))
+print(s.getsockname()[1])')
+fi
+if [ -z "$OH_SESSION_API_KEYS_0" ]; then
+  OH_SESSION_API_KEYS_0=$(od -An -tx1 -N32 /dev/urandom | tr -d ' \n')
+  export OH_SESSION_API_KEYS_0
+fi
+printf '%s %s %s\n' "$port" "$$" "$OH_SESSION_API_KEYS_0" > "$BOOT_DIR/boot.new"
+mv "$BOOT_DIR/boot.new" "$BOOT_DIR/boot"
+exec "$@" --host 127.0.0.1 --port "$port" > "$BOOT_DIR/agent-server.log" 2>&1
+""".replace("$BOOT_DIR", BOOT_DIR)
+"""The entrypoint: ``sh -c BOOT boot PORT COMMAND...`` (PORT 0: pick a free one)."""
+
+HAND_OUT = r"""
+while [ ! -s "$BOOT_DIR/boot" ]; do sleep 0.02; done
+read -r port pid key < "$BOOT_DIR/boot"
+kill -0 "$pid" || { echo "the agent-server (pid $pid) is gone" >&2; exit 3; }
+printf '%s\n' "$1" > "$BOOT_DIR/sandbox-id"
+echo "$port $key"
+""".replace("$BOOT_DIR", BOOT_DIR)
+"""Run at hand-out: checks the agent-server still runs, names the sandbox, prints
+``PORT KEY``."""
+
+_SIGNAL_ALL = r"""
+keep=" 1 $$ "; p=$PPID
+while [ "$p" -gt 1 ]; do keep="$keep$p "; p=$(awk '/^PPid:/ {print $2}' /proc/$p/status); done
+for d in /proc/[0-9]*; do
+  p=${d#/proc/}
+  case "$keep" in *" $p "*) ;; *) kill -"$1" "$p" 2>/dev/null ;; esac
+done
+exit 0
+"""
+"""Signal every process of the sandbox but its init and this command's own ancestry
+(rollbox runs commands and relays through them: they must keep answering)."""
 
 
 @dataclass(frozen=True)
@@ -75,12 +122,15 @@ class Kind:
 
     @classmethod
     def of(cls, request: StartRequest) -> Kind:
+        # rollbox decides the session key, never the caller.
+        environment = {k: v for k, v in request.environment.items()
+                       if not k.startswith("OH_SESSION_API_KEYS_")}
         return cls(request.image, request.command, request.working_dir,
-                   FrozenMap(request.environment), request.resource_factor)
+                   FrozenMap(environment), request.resource_factor)
 
 
-def agent_server_argv(command: Sequence[str], port: int) -> list[str]:
-    """``command`` made to listen on 127.0.0.1:``port`` (its --host/--port replaced)."""
+def without_listen_options(command: Sequence[str]) -> list[str]:
+    """``command`` without its --host/--port (rollbox chooses where it listens)."""
     argv: list[str] = []
     items = list(command)
     i = 0
@@ -89,47 +139,10 @@ def agent_server_argv(command: Sequence[str], port: int) -> list[str]:
         if arg in ("--port", "--host"):
             i += 2
             continue
-        if arg.startswith(("--port=", "--host=")):
-            i += 1
-            continue
-        argv.append(arg)
+        if not arg.startswith(("--port=", "--host=")):
+            argv.append(arg)
         i += 1
-    return [*argv, "--host", "127.0.0.1", "--port", str(port)]
-
-
-_SIGNAL_ALL = r"""
-keep=" 1 $$ "; p=$PPID
-while [ "$p" -gt 1 ]; do keep="$keep$p "; p=$(awk '/^PPid:/ {print $2}' /proc/$p/status); done
-for d in /proc/[0-9]*; do
-  p=${d#/proc/}
-  case "$keep" in *" $p "*) ;; *) kill -"$1" "$p" 2>/dev/null ;; esac
-done
-exit 0
-"""
-"""Signal every process of the sandbox but its init and this command's own ancestry
-(rollbox runs commands through them: they must keep answering)."""
-
-
-_WAIT_HEALTHY = r"""
-import socket, sys, time
-while True:
-    try:
-        with socket.create_connection(("127.0.0.1", int(sys.argv[1])), timeout=5) as s:
-            s.sendall(b"GET /health HTTP/1.0\r\nHost: localhost\r\n\r\n")
-            if s.recv(12)[9:12] == b"200":
-                break
-    except OSError:
-        pass
-    time.sleep(0.02)
-"""
-"""Run inside the sandbox: returns once the agent-server answers /health with 200."""
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
+    return argv
 
 
 def command_port(command: Sequence[str]) -> int:
@@ -142,19 +155,8 @@ def command_port(command: Sequence[str]) -> int:
     return DEFAULT_PORT
 
 
-@dataclass
-class Exposure:
-    """Where the host reaches one agent-server: ``url``, and the ``port`` it listens on
-    inside its sandbox (on the host's network, a free host port; otherwise the port its
-    command names, reached through an ``Ingress``)."""
-
-    url: str
-    port: int
-    ingress: Ingress | None = None
-
-    async def close(self) -> None:
-        if self.ingress is not None:
-            await self.ingress.close()
+WantWarm = Callable[[Mapping[SandboxSpec, int]], None]
+"""Tells the pool's policy how many sandboxes of each spec to keep warm (all specs)."""
 
 
 @dataclass
@@ -162,16 +164,11 @@ class Booted:
     """A running, healthy agent-server in a leased sandbox."""
 
     lease: Lease
-    process: Process
-    exposure: Exposure
+    endpoint: Endpoint
     key: str
-    logs: deque[bytes]
-    drained: asyncio.Task[None]
+    once: bool
+    """Its spec carries a key rollbox drew (a cold start): closed, never reset, at stop."""
     egress: Egress | None = None
-
-    @property
-    def url(self) -> str:
-        return self.exposure.url
 
 
 @dataclass
@@ -180,33 +177,41 @@ class _Active:
     kind: Kind
     booted: Booted | None = None
     booting: asyncio.Task[Booted] | None = None
+    door: Door | None = None
     paused: bool = False
 
 
 class AgentServers:
     """The ``Runtimes`` the Runtime API serves: agent-servers on a rollbox pool."""
 
-    def __init__(self, pool: Pool, *, warm: int = 1, public_host: str = "127.0.0.1",
+    def __init__(self, pool: Pool, want_warm: WantWarm, *, warm: int = 1,
                  boot_timeout: float = 180.0, memory_mb: int = 8192,
                  network: Network = Network.NONE,
                  forward: Mapping[int, tuple[str, int]] | None = None,
                  log_dir: Path | None = None) -> None:
+        caps = pool.backend.capabilities
+        if not (caps.entrypoint and caps.ports):
+            raise CapabilityNotSupportedError(
+                f"the {pool.backend.name!r} backend cannot run OpenHands agent-servers: "
+                "rollbox needs a backend that starts a spec's entrypoint and exposes ports "
+                "(capabilities.entrypoint and .ports: local, or remote through rollbox serve)")
         self.pool = pool
+        self.want_warm = want_warm
         self.warm = warm
-        self.public_host = public_host
         self.boot_timeout = boot_timeout
         self.memory_mb = memory_mb
-        self.network = network
+        self.network = Network(network)
         self.log_dir = log_dir
-        """Where each agent-server's output goes (one file per sandbox), if set."""
+        """Where each agent-server's output goes at /stop (one file per sandbox), if set."""
         self.forward = dict(forward or {})
         """Ports inside every sandbox that lead to (host, port) outside: the LLM's, say
         (only with ``network="none"``; on the host's network everything is reachable)."""
-        self._ready: dict[Kind, deque[Booted]] = {}
-        self._filling: dict[Kind, asyncio.Task[None]] = {}
+        self._specs: dict[tuple[Kind, Network], SandboxSpec] = {}
+        self._targets: dict[SandboxSpec, int] = {}
         self._active: dict[str, _Active] = {}  # by runtime id
         self._sessions: dict[str, str] = {}  # session id -> runtime id
         self._http: aiohttp.ClientSession | None = None
+        self._giving_back: set[asyncio.Task[None]] = set()
         self._closed = False
 
     # -- the Runtimes protocol ---------------------------------------------------------
@@ -219,28 +224,21 @@ class AgentServers:
         if existing is not None:
             return existing  # a retried /start: the same runtime
         kind = Kind.of(request)
-        ready = self._ready.get(kind)
-        runtime_id = uuid.uuid4().hex
-        if ready:
-            booted = ready.popleft()
-            runtime = Runtime(runtime_id, session_id, request.image, booted.url, booted.key,
-                              status="running", pod_status="ready",
-                              sandbox_id=booted.lease.sandbox.id)
-            active = _Active(runtime, kind, booted=booted)
-        else:
-            exposure, key = await self._expose(kind), secrets.token_urlsafe(32)
-            runtime = Runtime(runtime_id, session_id, request.image, exposure.url, key)
-            active = _Active(runtime, kind)
-            active.booting = asyncio.create_task(self._boot(kind, exposure, key))
-            active.booting.add_done_callback(lambda task: self._booted(active, task))
-            # The next one boots after this one: on a small machine two boots at once
-            # would make the one a client waits for twice as slow.
-            self._active[runtime_id] = active
-            self._sessions[session_id] = runtime_id
-            return runtime
-        self._active[runtime_id] = active
-        self._sessions[session_id] = runtime_id
-        self._fill_later(kind)
+        runtime = Runtime(uuid.uuid4().hex, session_id, request.image, "", "")
+        active = _Active(runtime, kind)
+        self._active[runtime.runtime_id] = active
+        self._sessions[session_id] = runtime.runtime_id
+        try:
+            if self.pool.idle_count(self.spec_for(kind)):
+                with contextlib.suppress(SandboxError):  # e.g. it died: boot one instead
+                    self._handed(active, await self._hand_out(
+                        await self.pool.acquire(self.spec_for(kind)), once=False))
+                    self._keep_warm(kind)
+                    return runtime
+            await self._start_cold(active)
+        except BaseException:
+            self._forget(runtime)
+            raise
         return runtime
 
     async def wait(self, runtime: Runtime) -> Runtime:
@@ -264,11 +262,11 @@ class AgentServers:
         return [a.runtime for a in self._active.values()]
 
     def warm_ready(self) -> int:
-        return sum(len(ready) for ready in self._ready.values())
+        return sum(self.pool.idle_count(spec) for spec in self._targets)
 
     async def pause(self, runtime: Runtime) -> None:
         """Freeze every process of the sandbox (SIGSTOP: memory is kept, no CPU is
-        used) but rollbox's own init; ``resume`` continues them (SIGCONT)."""
+        used) but rollbox's own; ``resume`` continues them (SIGCONT)."""
         active = self._active[runtime.runtime_id]
         if active.booted is None or active.paused:
             return
@@ -285,34 +283,38 @@ class AgentServers:
         runtime.status, runtime.pod_status = "running", "ready"
 
     async def stop(self, runtime: Runtime) -> None:
-        """Give the sandbox back: the pool resets it in place for the next agent-server."""
-        active = self._active.pop(runtime.runtime_id, None)
+        """Forget ``runtime`` and give its sandbox back, in the background: the pool
+        resets it in place for the next agent-server (which may take that agent-server's
+        boot, if the backend had not booted it ahead)."""
+        active = self._forget(runtime)
         if active is None:
             return
-        self._sessions.pop(runtime.session_id, None)
         runtime.status, runtime.pod_status = "stopped", "terminated"
         if active.booting is not None and not active.booting.done():
             active.booting.cancel()
             with contextlib.suppress(BaseException):
                 await active.booting
+        if active.door is not None:
+            await active.door.close()
         if active.booted is not None:
-            if active.paused:
-                with contextlib.suppress(RollboxError):
-                    await self._signal_all(active.booted, "CONT")
-            await self._release(active.booted, Outcome.OK)
+            self._background(self._give_back(active.booted, active.paused))
+
+    async def _give_back(self, booted: Booted, paused: bool) -> None:
+        if paused:
+            with contextlib.suppress(RollboxError):
+                await self._signal_all(booted, "CONT")
+        await self._save_log(booted)
+        await self._release(booted, Outcome.OK)
 
     # -- lifecycle ---------------------------------------------------------------------
 
     async def aclose(self) -> None:
         self._closed = True
-        for task in self._filling.values():
-            task.cancel()
-        await asyncio.gather(*self._filling.values(), return_exceptions=True)
+        self._targets = {}
+        self.want_warm({})
         for active in list(self._active.values()):
             await self.stop(active.runtime)
-        for ready in self._ready.values():
-            while ready:
-                await self._release(ready.popleft(), Outcome.OK)
+        await asyncio.gather(*self._giving_back, return_exceptions=True)
         if self._http is not None:
             await self._http.close()
 
@@ -325,185 +327,164 @@ class AgentServers:
     # -- internals ---------------------------------------------------------------------
 
     def spec_for(self, kind: Kind) -> SandboxSpec:
-        return SandboxSpec(
-            image=kind.image, workdir=kind.working_dir, network=self.network,
-            env={**BASE_ENV, **kind.environment},
-            resources=Resources(memory_mb=self.memory_mb * kind.resource_factor,
-                                pids=4096),
-            timeouts=Timeouts(create_s=self.boot_timeout, exec_s=RUN_FOREVER_S),
-            output_limit_bytes=LOG_BYTES,
-            labels={"rollbox.openhands": "agent-server"},
-        )
+        spec = self._specs.get((kind, self.network))
+        if spec is None:
+            port = 0 if self.network is Network.HOST else command_port(kind.command)
+            spec = self._specs[(kind, self.network)] = SandboxSpec(
+                image=kind.image, workdir=kind.working_dir, network=self.network,
+                env={**BASE_ENV, **kind.environment},
+                resources=Resources(memory_mb=self.memory_mb * kind.resource_factor,
+                                    pids=4096),
+                # A reset hands over the next generation once its agent-server is up.
+                timeouts=Timeouts(create_s=self.boot_timeout, reset_s=self.boot_timeout),
+                labels={"rollbox.openhands": "agent-server"},
+                entrypoint=("/bin/sh", "-c", BOOT, "rollbox-openhands-boot", str(port),
+                            *without_listen_options(kind.command)),
+                ready_port=port or None,
+            )
+        return spec
 
-    async def _expose(self, kind: Kind) -> Exposure:
-        if self.network is Network.HOST:
-            port = _free_port()
-            return Exposure(f"http://{self.public_host}:{port}", port)
-        ingress = Ingress(None, command_port(kind.command))
-        return Exposure(await ingress.start(), ingress.port, ingress)
+    async def _start_cold(self, active: _Active) -> None:
+        """Answer at once with a door and a key of rollbox's; boot behind them."""
+        door = active.door = Door()
+        key = secrets.token_hex(32)
+        runtime = active.runtime
+        runtime.url, runtime.session_api_key = await door.open(), key
+        spec = self.spec_for(active.kind)
+        once = spec.replace(env={**spec.env, KEY_VARIABLE: key})
 
-    async def _boot(self, kind: Kind, exposure: Exposure, key: str) -> Booted:
+        async def boot() -> Booted:
+            booted = await self._hand_out(await self.pool.acquire(once), once=True)
+            door.lead_to(booted.endpoint)
+            return booted
+
+        active.booting = asyncio.create_task(boot())
+        active.booting.add_done_callback(lambda task: self._booted(active, task))
+
+    async def _hand_out(self, lease: Lease, *, once: bool) -> Booted:
+        """``lease``'s agent-server, running and listening, its key read and its LLM
+        forwarded."""
+        sandbox = lease.sandbox
+        egress = Egress(sandbox, self.forward) if (
+            self.forward and self.network is Network.NONE) else None
+        known = lease.spec.ready_port  # else the boot picked one: known from ``boot``
         try:
-            lease = await self.pool.acquire(self.spec_for(kind))
-        except BaseException:
-            await exposure.close()
-            raise
-        egress = None
-        try:
-            if self.forward and self.network is Network.NONE:
-                egress = Egress(lease.sandbox, self.forward)
-                await egress.start()
-            process = await lease.sandbox.stream(
-                agent_server_argv(kind.command, exposure.port),
-                env={KEY_VARIABLE: key, SANDBOX_VARIABLE: lease.sandbox.id},
-                timeout=RUN_FOREVER_S, output_limit=2**62)
+            boot, endpoint, _ = await asyncio.gather(
+                sandbox.exec(["/bin/sh", "-c", HAND_OUT, "hand-out", sandbox.id],
+                             timeout=self.boot_timeout),
+                sandbox.endpoint(known) if known else asyncio.sleep(0, None),
+                egress.start() if egress is not None else asyncio.sleep(0))
+            port, _, key = boot.text.strip().partition(" ")
+            if not boot.ok or not port.isdigit() or not key:
+                raise CreateFailedError(f"the agent-server's boot left no key: "
+                                        f"{boot.stderr.decode(errors='replace')[-500:]}",
+                                        sandbox_id=sandbox.id)
+            if endpoint is None:
+                endpoint = await sandbox.endpoint(int(port))
+            booted = Booted(lease, endpoint, key, once, egress)
         except BaseException:
             if egress is not None:
                 await egress.close()
-            await exposure.close()
             await lease.release(Outcome.BROKEN)
             raise
-        if exposure.ingress is not None:
-            exposure.ingress.sandbox = lease.sandbox
-        logs: deque[bytes] = deque()
-        booted = Booted(lease, process, exposure, key, logs,
-                        asyncio.create_task(_drain(process, logs, self._log_path(lease))),
-                        egress)
         try:
-            await self._wait_healthy(booted)
+            if known is None:
+                # The backend waited for nothing: wait for /health. Otherwise it waited
+                # for the port, which the agent-server opens once its app has started,
+                # and HAND_OUT found it still running.
+                await self._wait_healthy(booted)
         except BaseException:
             await self._release(booted, Outcome.BROKEN)
             raise
         return booted
 
     async def _wait_healthy(self, booted: Booted) -> None:
-        """Poll /health from inside the sandbox (one command, no tunnel per probe),
-        then once through the URL the client gets."""
-        inside = asyncio.create_task(booted.lease.sandbox.exec(
-            [PYTHON, "-I", "-S", "-c", _WAIT_HEALTHY, str(booted.exposure.port)],
-            timeout=self.boot_timeout))
-        try:
-            done, _ = await asyncio.wait({inside, booted.drained},
-                                         return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            if not inside.done():
-                inside.cancel()
-                with contextlib.suppress(BaseException):
-                    await inside
-        if inside not in done:
-            raise CreateFailedError(
-                "the agent-server exited while booting:\n" + _tail(booted.logs),
-                sandbox_id=booted.lease.sandbox.id)
-        try:
-            result = inside.result()
-        except ExecTimeoutError:
-            raise CreateFailedError(
-                f"the agent-server did not answer /health within {self.boot_timeout}s:\n"
-                + _tail(booted.logs), sandbox_id=booted.lease.sandbox.id) from None
-        if not result.ok:
-            raise CreateFailedError(
-                "could not wait for the agent-server: " + result.stderr.decode()[-2000:],
-                sandbox_id=booted.lease.sandbox.id)
-        try:
-            async with self._client().get(booted.url + "/health",
-                                          timeout=aiohttp.ClientTimeout(total=30)) as reply:
-                if reply.status == 200:
-                    return
-                raise CreateFailedError(f"/health through {booted.url} answered {reply.status}",
-                                        sandbox_id=booted.lease.sandbox.id)
-        except (aiohttp.ClientError, TimeoutError) as exc:
-            raise CreateFailedError(f"/health through {booted.url} failed: {exc}",
-                                    sandbox_id=booted.lease.sandbox.id) from None
+        """Until ``/health`` answers 200."""
+        sandbox_id = booted.lease.sandbox.id
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.boot_timeout
+        while True:
+            try:
+                async with self._client().get(booted.endpoint.url + "/health",
+                                              timeout=aiohttp.ClientTimeout(total=30)) as reply:
+                    if reply.status == 200:
+                        return
+                    problem = f"answered {reply.status}"
+            except (aiohttp.ClientError, TimeoutError) as exc:
+                problem = f"failed: {exc}"
+            if loop.time() > deadline:
+                raise CreateFailedError(f"the agent-server's /health {problem} after "
+                                        f"{self.boot_timeout}s", sandbox_id=sandbox_id)
+            await asyncio.sleep(0.05)
 
-    def _booted(self, active: _Active, task: asyncio.Task[Booted]) -> None:
-        active.booting = None
+    def _handed(self, active: _Active, booted: Booted) -> None:
         runtime = active.runtime
-        self._fill_later(active.kind)
-        if task.cancelled():
-            return
-        error = task.exception()
-        if error is not None:
-            runtime.status, runtime.pod_status = "error", "failed"
-            runtime.error = getattr(error, "message", str(error))
-            runtime.logs = runtime.error
-            _log.warning("agent-server for %s failed to boot: %s", runtime.session_id, error)
-            return
-        booted = task.result()
         if runtime.runtime_id not in self._active:  # stopped meanwhile
-            asyncio.get_running_loop().create_task(self._release(booted, Outcome.OK))
+            self._background(self._release(booted, Outcome.OK))
             return
         active.booted = booted
         runtime.sandbox_id = booted.lease.sandbox.id
         runtime.status, runtime.pod_status = "running", "ready"
+        if not booted.once:
+            runtime.url, runtime.session_api_key = booted.endpoint.url, booted.key
 
-    def _fill_later(self, kind: Kind) -> None:
-        task = self._filling.get(kind)
-        if self._closed or self.warm <= 0 or (task is not None and not task.done()):
+    def _booted(self, active: _Active, task: asyncio.Task[Booted]) -> None:
+        active.booting = None
+        if task.cancelled():
             return
-        self._filling[kind] = asyncio.get_running_loop().create_task(self._fill(kind))
+        error = task.exception()
+        runtime = active.runtime
+        if error is not None:
+            runtime.status, runtime.pod_status = "error", "failed"
+            runtime.error = runtime.logs = getattr(error, "message", str(error))
+            _log.warning("agent-server for %s failed to boot: %s", runtime.session_id, error)
+            return
+        self._handed(active, task.result())
+        # Warm the next ones after this boot: on a small machine two boots at once would
+        # make the one a client waits for twice as slow.
+        self._keep_warm(active.kind)
 
-    async def _fill(self, kind: Kind) -> None:
-        """Boot agent-servers of ``kind`` one at a time until ``warm`` are ready."""
-        ready = self._ready.setdefault(kind, deque())
-        failures = 0
-        while not self._closed and len(ready) < self.warm and failures < 3:
-            try:
-                exposure = await self._expose(kind)
-                ready.append(await self._boot(kind, exposure, secrets.token_urlsafe(32)))
-                failures = 0
-            except (SandboxError, RollboxError) as exc:
-                failures += 1
-                _log.warning("warming an agent-server of %s failed: %s", kind.image, exc)
-                await asyncio.sleep(1.0 * failures)
+    def _keep_warm(self, kind: Kind) -> None:
+        """(Re)state the warm targets: after each hand-out, so a pool that dropped them
+        (``rollbox serve`` forgets a silent client's) warms again."""
+        if self._closed or self.warm <= 0:
+            return
+        self._targets[self.spec_for(kind)] = self.warm
+        self.want_warm(dict(self._targets))
+
+    def _background(self, release: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.get_running_loop().create_task(release)
+        self._giving_back.add(task)
+        task.add_done_callback(self._giving_back.discard)
+
+    def _forget(self, runtime: Runtime) -> _Active | None:
+        active = self._active.pop(runtime.runtime_id, None)
+        if active is not None:
+            self._sessions.pop(runtime.session_id, None)
+        return active
 
     async def _signal_all(self, booted: Booted, signal_name: str) -> None:
         await booted.lease.sandbox.exec(["/bin/sh", "-c", _SIGNAL_ALL, "sh", signal_name],
                                         timeout=30)
 
     async def _release(self, booted: Booted, outcome: Outcome) -> None:
-        booted.drained.cancel()
-        with contextlib.suppress(BaseException):
-            await booted.drained
-        await booted.exposure.close()
         if booted.egress is not None:
             await booted.egress.close()
-        await booted.lease.release(outcome)
+        # A sandbox whose spec carries a drawn key is never reused: it is closed.
+        await booted.lease.release(Outcome.BROKEN if booted.once else outcome)
 
-    def _log_path(self, lease: Lease) -> Path | None:
+    async def _save_log(self, booted: Booted) -> None:
         if self.log_dir is None:
-            return None
-        self.log_dir.mkdir(parents=True, exist_ok=True)
-        return self.log_dir / f"agent-server-{lease.sandbox.id}.log"
+            return
+        sandbox = booted.lease.sandbox
+        with contextlib.suppress(RollboxError, OSError):
+            result = await sandbox.exec(["tail", "-c", str(LOG_BYTES),
+                                         f"{BOOT_DIR}/agent-server.log"], timeout=30)
+            await asyncio.to_thread(self.log_dir.mkdir, parents=True, exist_ok=True)
+            path = self.log_dir / f"agent-server-{sandbox.id}.log"
+            await asyncio.to_thread(path.write_bytes, result.stdout)
 
     def _client(self) -> aiohttp.ClientSession:
         if self._http is None:
             self._http = aiohttp.ClientSession()
         return self._http
-
-
-async def _drain(process: Process, logs: deque[bytes], path: Path | None) -> None:
-    """Keep the last LOG_BYTES of the agent-server's output (for failures), and all of
-    it in ``path`` if given."""
-    sink = await asyncio.to_thread(path.open, "ab") if path else None
-    try:
-        async for chunk in process:
-            if sink is not None:
-                sink.write(chunk.data)
-                sink.flush()
-            _keep(logs, chunk.data)
-    finally:
-        if sink is not None:
-            sink.close()
-
-
-def _keep(logs: deque[bytes], data: bytes) -> None:
-    size = sum(map(len, logs))
-    logs.append(data)
-    size += len(data)
-    while size > LOG_BYTES and len(logs) > 1:
-        size -= len(logs.popleft())
-
-
-def _tail(logs: deque[bytes]) -> str:
-    return b"".join(logs).decode("utf-8", "replace")[-4000:]
-

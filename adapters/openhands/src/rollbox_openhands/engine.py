@@ -19,6 +19,7 @@ from rollbox import Pool, open_backend
 from rollbox.backend import Backend
 
 from rollbox_openhands.agent_servers import AgentServers
+from rollbox_openhands.server import WarmTargets, agent_servers_on
 
 T = TypeVar("T")
 _lock = threading.Lock()
@@ -37,8 +38,8 @@ class Engine:
 
     async def _open(self, warm: int, backend: str | None) -> AgentServers:
         self._backend = open_backend(backend)
-        self._pool = Pool(self._backend)
-        return AgentServers(self._pool, warm=warm)
+        self._pool = Pool(self._backend, policy=WarmTargets())
+        return agent_servers_on(self._pool, warm=warm)
 
     def run(self, coroutine: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
         """Run ``coroutine`` on the engine's loop and wait for its result."""

@@ -16,13 +16,15 @@ import os
 import secrets
 import signal
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 from aiohttp import web
 from rollbox import Pool, open_backend
 from rollbox.errors import UsageError
-from rollbox.spec import Network
+from rollbox.policies import PoolPolicy
+from rollbox.spec import Network, SandboxSpec
 
 from rollbox_openhands.agent_servers import AgentServers
 from rollbox_openhands.runtime_api import RuntimeAPI
@@ -30,16 +32,51 @@ from rollbox_openhands.runtime_api import RuntimeAPI
 API_KEY_VARIABLE = "ROLLBOX_OPENHANDS_API_KEY"
 
 
-def make_app(api: RuntimeAPI) -> web.Application:
-    """An aiohttp application answering every path with ``api``."""
+class WarmTargets(PoolPolicy):
+    """A pool policy that keeps warm what ``AgentServers`` asks for (``want_warm``), and
+    one more of a kind for a sandbox given back: it is reset in place and waits, rather
+    than closed while the filler boots a new one."""
+
+    name = "openhands"
+
+    def __init__(self) -> None:
+        self.targets: dict[SandboxSpec, int] = {}
+
+    def warm_target(self, spec: SandboxSpec) -> int:
+        return self.targets.get(spec, 0)
+
+    def max_idle(self, spec: SandboxSpec) -> int:
+        target = self.targets.get(spec, 0)
+        return target + 1 if target else 0
+
+
+def agent_servers_on(pool: Pool, **options: Any) -> AgentServers:
+    """``AgentServers`` over a pool of their own (made with ``WarmTargets``)."""
+    policy = pool.policy
+    if not isinstance(policy, WarmTargets):
+        raise UsageError("agent_servers_on needs a Pool(policy=WarmTargets())")
+
+    def want_warm(targets: Mapping[SandboxSpec, int]) -> None:
+        before = list(policy.targets)
+        policy.targets = dict(targets)
+        pool.upcoming(list(dict.fromkeys([*targets, *before])))
+
+    return AgentServers(pool, want_warm, **options)
+
+
+def make_app(api: RuntimeAPI, middlewares: Sequence[Any] = ()) -> web.Application:
+    """An aiohttp application answering every path with ``api`` (``rollbox openhands
+    serve`` serves it at its root; ``rollbox serve --face openhands`` mounts it)."""
 
     async def handle(request: web.Request) -> web.Response:
-        reply = await api.handle(request.method, request.path, list(request.query.items()),
+        # The path below wherever the app is mounted.
+        path = "/" + request.match_info["tail"]
+        reply = await api.handle(request.method, path, list(request.query.items()),
                                  request.headers, await request.read())
         return web.Response(status=reply.status, body=reply.encode(),
                             content_type="application/json")
 
-    app = web.Application(client_max_size=4 * 1024 * 1024)
+    app = web.Application(client_max_size=4 * 1024 * 1024, middlewares=middlewares)
     app.router.add_route("*", "/{tail:.*}", handle)
     return app
 
@@ -107,10 +144,10 @@ async def _serve(args: argparse.Namespace, api_key: str) -> int:
         loop.add_signal_handler(signum, stop.set)
     async with (
         open_backend(args.backend) as backend,
-        Pool(backend, max_sandboxes=args.max_sandboxes) as pool,
-        AgentServers(pool, warm=args.warm, network=Network(args.network),
-                     forward=parse_forward(args.forward),
-                     log_dir=Path(args.agent_logs) if args.agent_logs else None) as servers,
+        Pool(backend, policy=WarmTargets(), max_sandboxes=args.max_sandboxes) as pool,
+        agent_servers_on(pool, warm=args.warm, network=Network(args.network),
+                         forward=parse_forward(args.forward),
+                         log_dir=Path(args.agent_logs) if args.agent_logs else None) as servers,
         serving(RuntimeAPI(servers, api_key), args.host, args.port) as url,
     ):
         print(f"OpenHands Runtime API on {url}", file=sys.stderr, flush=True)

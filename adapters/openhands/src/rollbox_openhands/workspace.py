@@ -11,7 +11,7 @@ sandbox, taken warm from this process's pool (Python >= 3.12, ``rollbox[openhand
 It is a ``RemoteWorkspace``, so ``Conversation`` runs the agent loop in the sandbox's
 agent-server (a RemoteConversation), as with OpenHands' Docker or API workspaces. No
 server is needed: the process runs rollbox itself (``rollbox_openhands.engine``). To
-share warm agent-servers between processes, run ``rollbox openhands serve`` and use the
+share warm agent-servers between processes, run ``rollbox serve --face openhands`` and use the
 SDK's own ``APIRemoteWorkspace`` pointed at it instead.
 """
 

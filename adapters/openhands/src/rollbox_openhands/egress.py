@@ -1,60 +1,29 @@
-"""TCP into and out of a sandbox without network, over a streamed command's stdio.
+"""TCP out of a sandbox without network, over a streamed command's stdio.
 
-An agent-server in a sandbox with ``network="none"`` has only its own loopback. Two
-paths cross that boundary, both carried by ``Sandbox.stream`` (any backend that
-streams: local, through ``rollbox serve``, Kubernetes), so the sandbox gains no network:
+An agent-server in a sandbox with ``network="none"`` has only its own loopback; it
+needs to reach its LLM. ``Egress`` runs one program in the sandbox that listens on
+127.0.0.1:PORT inside (the LLM's port, say) and multiplexes every connection made to it
+over its stdio (``Sandbox.stream``, so the sandbox gains no network); the host opens a
+connection to the target it was given for each. Only those targets are reachable,
+nothing else. (The way in is the backend's port exposure, ``Sandbox.endpoint``.)
 
-- **in** (``Ingress``): a listener on the host's 127.0.0.1; each connection it accepts
-  runs a small Python program in the sandbox that connects to the agent-server's port
-  inside and copies bytes between that socket and its stdin/stdout.
-- **out** (``Egress``): one program in the sandbox listens on 127.0.0.1:PORT inside (the
-  LLM's port, say) and multiplexes every connection made to it over its stdio; the host
-  opens a connection to the target it was given for each. Only those targets are
-  reachable, nothing else.
-
-The in-sandbox programs need a ``python3`` in the image (every agent-server image has
-one). Frames on the egress stdio: ``!IBI`` (connection id, kind, length) + payload;
-kinds OPEN (sandbox to host), DATA, EOF (half-close), CLOSE.
+The in-sandbox program needs a ``python3`` in the image (every agent-server image has
+one). Frames on its stdio: ``!IBI`` (connection id, kind, length) + payload; kinds OPEN
+(sandbox to host), DATA, EOF (half-close), CLOSE.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 import struct
 
 from rollbox.errors import RollboxError
 from rollbox.sandbox import Process, Sandbox
 
-_log = logging.getLogger(__name__)
-
 FOREVER_S = 365 * 24 * 3600.0
 NO_CAP = 2**62
 PYTHON = "python3"
-
-_CONNECT = r"""
-import os, socket, sys, threading
-s = socket.create_connection(("127.0.0.1", int(sys.argv[1])))
-def up():
-    while True:
-        d = os.read(0, 65536)
-        if not d:
-            break
-        s.sendall(d)
-    try:
-        s.shutdown(socket.SHUT_WR)
-    except OSError:
-        pass
-threading.Thread(target=up, daemon=True).start()
-while True:
-    d = s.recv(65536)
-    if not d:
-        break
-    v = memoryview(d)
-    while v:
-        v = v[os.write(1, v):]
-"""
 
 _MUX = r"""
 import itertools, os, socket, struct, sys, threading
@@ -132,83 +101,6 @@ while True:
 
 _HEADER = struct.Struct("!IBI")
 _OPEN, _DATA, _EOF, _CLOSE = range(4)
-
-
-class Ingress:
-    """A host listener on 127.0.0.1 whose connections reach ``port`` in ``sandbox``."""
-
-    def __init__(self, sandbox: Sandbox | None, port: int) -> None:
-        self.sandbox = sandbox
-        """May be set after ``start``: connections made before it are closed."""
-        self.port = port
-        self._server: asyncio.Server | None = None
-        self._tasks: set[asyncio.Task[None]] = set()
-
-    async def start(self) -> str:
-        """Start listening; the URL clients use."""
-        self._server = await asyncio.start_server(self._accept, "127.0.0.1", 0)
-        host_port = self._server.sockets[0].getsockname()[1]
-        return f"http://127.0.0.1:{host_port}"
-
-    async def close(self) -> None:
-        if self._server is not None:
-            self._server.close()
-        for task in list(self._tasks):
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
-
-    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        task = asyncio.current_task()
-        assert task is not None
-        self._tasks.add(task)
-        sandbox = self.sandbox
-        if sandbox is None:
-            writer.close()
-            self._tasks.discard(task)
-            return
-        try:
-            process = await sandbox.stream(
-                [PYTHON, "-I", "-S", "-c", _CONNECT, str(self.port)], timeout=FOREVER_S,
-                output_limit=NO_CAP)
-        except (RollboxError, OSError) as exc:
-            _log.debug("ingress to %s:%s failed: %s", sandbox.id, self.port, exc)
-            writer.close()
-            self._tasks.discard(task)
-            return
-        try:
-            await _splice(reader, writer, process)
-        except asyncio.CancelledError:
-            # Only close() cancels these; asyncio's connection callback would log a
-            # cancelled handler as an error.
-            writer.close()
-        finally:
-            self._tasks.discard(task)
-
-
-async def _splice(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
-                  process: Process) -> None:
-    async def up() -> None:
-        with contextlib.suppress(RollboxError, OSError, ConnectionError):
-            while data := await reader.read(65536):
-                await process.write_stdin(data)
-        with contextlib.suppress(RollboxError, OSError, ConnectionError):
-            await process.close_stdin()
-
-    upward = asyncio.create_task(up())
-    try:
-        async for chunk in process:
-            if chunk.stream == "stdout":
-                writer.write(chunk.data)
-                await writer.drain()
-    except (RollboxError, OSError, ConnectionError):
-        pass
-    finally:
-        upward.cancel()
-        with contextlib.suppress(BaseException):
-            await upward
-        with contextlib.suppress(RollboxError, OSError):
-            await process.send_signal(9)
-        writer.close()
 
 
 class Egress:
