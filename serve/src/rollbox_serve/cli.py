@@ -17,7 +17,6 @@ from rollbox_remote.address import Address
 from rollbox_remote.settings import serve_dir
 
 from rollbox_serve import statedir
-from rollbox_serve.server import Server
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -85,6 +84,8 @@ async def serve(args: argparse.Namespace) -> int:
         state, socket=Path(listen.path) if listen.scheme == "unix" else None,
         token_file=args.token_file or state / "token",
         token=os.environ.get("ROLLBOX_TOKEN") or None)
+    from rollbox_serve.server import Server  # aiohttp: not for every `rollbox` command
+
     try:
         backend = backend_class(pm, backend_name)()
         server = Server(backend, token=claim.token, idle_ttl_s=args.idle_ttl,
