@@ -284,8 +284,9 @@ class KubeSandbox(Sandbox):
                 f"cannot write {target} in sandbox {self.id}: its directory cannot be made "
                 f"({out.stderr.decode('utf-8', 'replace').strip()})", sandbox_id=self.id)
         if out.exit_code != 0:
-            raise SandboxError(f"cannot write {target} in sandbox {self.id}: "
-                               f"{out.stderr.decode('utf-8', 'replace').strip()}",
+            detail = (out.stderr.decode("utf-8", "replace").strip() or out.failure
+                      or f"the write command exited {out.exit_code}")
+            raise SandboxError(f"cannot write {target} in sandbox {self.id}: {detail}",
                                sandbox_id=self.id)
 
     async def _write_by_exec(self, target: str, data: bytes, mode: int) -> ExecOutput:
