@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -118,6 +119,7 @@ def _run(block: Block, scratch: Path, env: dict[str, str]) -> None:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(process.pid, signal.SIGKILL)
             process.wait()
+            _wait_session_gone(process.pid)
     if code is None:
         pytest.fail(f"{block.where}: still running after {BLOCK_TIMEOUT_S}s", pytrace=False)
     result = subprocess.CompletedProcess(command, code, out.read_text(errors="replace"),
@@ -126,3 +128,18 @@ def _run(block: Block, scratch: Path, env: dict[str, str]) -> None:
         pytest.fail(f"{block.where}: the {block.language} block exited {result.returncode}\n"
                     f"--- block\n{block.code}--- stdout\n{result.stdout[-4000:]}\n"
                     f"--- stderr\n{result.stderr[-4000:]}", pytrace=False)
+
+
+def _wait_session_gone(session: int, patience_s: float = 10.0) -> None:
+    """Until no live process of ``session`` remains (the next block may start a server
+    on the same state directory)."""
+    deadline = time.monotonic() + patience_s
+    while time.monotonic() < deadline:
+        alive = False
+        for stat in Path("/proc").glob("[0-9]*/stat"):
+            with contextlib.suppress(OSError, IndexError, ValueError):
+                fields = stat.read_text().rsplit(")", 1)[1].split()
+                alive |= fields[0] != "Z" and int(fields[3]) == session
+        if not alive:
+            return
+        time.sleep(0.05)

@@ -97,15 +97,23 @@ def _alive(pid: int, started: object) -> bool:
         return False
     except PermissionError:
         pass
-    return started is None or _start_time(pid) == started
+    fields = _stat(pid)
+    if fields is not None and fields[0] == "Z":  # killed, not yet reaped: it serves nothing
+        return False
+    return started is None or (fields is not None and int(fields[19]) == started)
+
+
+def _stat(pid: int) -> list[str] | None:
+    """The fields of ``/proc/<pid>/stat`` after the command name (state first)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
 
 
 def _start_time(pid: int) -> int | None:
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-        return None
-    return int(fields[19])
+    fields = _stat(pid)
+    return int(fields[19]) if fields is not None else None
 
 
 def _clean(previous: dict[str, object]) -> None:
