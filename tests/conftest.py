@@ -13,6 +13,8 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -35,3 +37,15 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     home = config.stash.get(_SESSION_HOME_KEY, None)
     if home is not None:
         shutil.rmtree(home, ignore_errors=True)
+
+
+@pytest.fixture
+def searchable_dir() -> Iterator[Path]:
+    """Like ``tmp_path``, but world-searchable: pytest's own base directory is private
+    (0700) when running as root, and the sandbox user must reach a backend's state."""
+    path = Path(tempfile.mkdtemp(prefix="rollbox-test-"))
+    path.chmod(0o711)
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)

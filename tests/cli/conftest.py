@@ -3,9 +3,6 @@ a state directory of its own and no ``ROLLBOX_*`` variable from the caller's she
 
 from __future__ import annotations
 
-import shutil
-import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -13,14 +10,9 @@ from cli_support import Rollbox, runner
 
 
 @pytest.fixture
-def home() -> Iterator[Path]:
-    """A world-searchable state directory (the sandbox user must reach it as root)."""
-    path = Path(tempfile.mkdtemp(prefix="rollbox-cli-"))
-    path.chmod(0o711)
-    try:
-        yield path
-    finally:
-        shutil.rmtree(path, ignore_errors=True)
+def home(searchable_dir: Path) -> Path:
+    """``ROLLBOX_HOME`` for the console script, reachable by the sandbox user."""
+    return searchable_dir
 
 
 @pytest.fixture

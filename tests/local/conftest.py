@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import shutil
-import tempfile
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -12,15 +10,9 @@ from rollbox_local import LocalBackend
 
 
 @pytest.fixture
-def state_dir() -> Iterator[Path]:
-    """Like ``tmp_path``, but world-searchable: pytest's own base directory is private
-    (0700) when running as root, and the sandbox user must reach the state directory."""
-    path = Path(tempfile.mkdtemp(prefix="rollbox-test-"))
-    path.chmod(0o711)
-    try:
-        yield path
-    finally:
-        shutil.rmtree(path, ignore_errors=True)
+def state_dir(searchable_dir: Path) -> Path:
+    """A backend's state directory the sandbox user can reach (``searchable_dir``)."""
+    return searchable_dir
 
 
 @pytest.fixture

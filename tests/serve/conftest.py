@@ -4,8 +4,6 @@ process (so tests can reach behind it) or in another one (as users run it)."""
 from __future__ import annotations
 
 import secrets
-import shutil
-import tempfile
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -17,14 +15,9 @@ from serve_support import ServeProcess, connect
 
 
 @pytest.fixture
-def state_dir() -> Iterator[Path]:
-    """World-searchable (the sandbox user must reach the local backend's state)."""
-    path = Path(tempfile.mkdtemp(prefix="rollbox-serve-test-"))
-    path.chmod(0o711)
-    try:
-        yield path
-    finally:
-        shutil.rmtree(path, ignore_errors=True)
+def state_dir(searchable_dir: Path) -> Path:
+    """The server's state directory, reachable by the sandbox user."""
+    return searchable_dir
 
 
 @pytest.fixture
