@@ -4,6 +4,9 @@ before it is handed out, again after each reset (booted with the standby generat
 from __future__ import annotations
 
 import asyncio
+import shutil
+import subprocess
+import sys
 import time
 from collections.abc import AsyncIterator
 
@@ -82,3 +85,40 @@ async def test_a_service_that_never_listens_times_out(backend: LocalBackend) -> 
     with pytest.raises(CreateFailedError, match="not ready on port"):
         await backend.create(spec)
     assert await backend.leftovers() == []
+
+
+SELF_CONNECT = """
+import fcntl, socket, struct, sys
+from rollbox_local import _agent
+# A fresh network namespace whose loopback is up and whose only ephemeral port is 60000.
+with socket.socket() as s:
+    fcntl.ioctl(s, 0x8914, struct.pack("16sH", b"lo", 0x1 | 0x8 | 0x40))  # SIOCSIFFLAGS
+try:
+    with open("/proc/sys/net/ipv4/ip_local_port_range", "w") as f:
+        f.write("60000 60001")
+except OSError as e:
+    sys.exit(f"SKIP cannot pin the ephemeral ports: {e}")
+# Nothing listens on 60000; a plain connect to it meets itself (TCP simultaneous open).
+with socket.create_connection(("127.0.0.1", 60000), timeout=5) as plain:
+    print("plain", plain.getsockname() == plain.getpeername())
+ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+_agent.connect({"port": 60000}, [theirs.detach()])
+print("agent", ours.recv(100).decode())
+"""
+
+
+def test_a_port_nothing_listens_on_is_refused_even_when_a_connect_meets_itself() -> None:
+    """A port in the ephemeral range with nothing listening yet (OpenHands' 60000, say):
+    a connect can be given that very port as its own, connect to itself and succeed.
+    The agent's connect (behind ``ready_port``, ``open_port`` and ``endpoint``) must
+    call that refused, or a service is handed out before it listens."""
+    if shutil.which("unshare") is None:
+        pytest.skip("needs util-linux's unshare")
+    result = subprocess.run(["unshare", "--user", "--map-root-user", "--net", sys.executable,
+                             "-c", SELF_CONNECT], capture_output=True, text=True, timeout=60)
+    if result.returncode != 0 and ("SKIP" in result.stderr
+                                   or "unshare failed" in result.stderr):
+        pytest.skip(f"no network namespace of our own here: {result.stderr.strip()}")
+    assert result.returncode == 0, result.stderr
+    assert "plain True" in result.stdout  # the trap is real ...
+    assert "agent E 111 Connection refused" in result.stdout  # ... and the agent sees it

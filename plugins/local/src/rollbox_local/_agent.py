@@ -974,6 +974,10 @@ def connect(req: dict[str, Any], fds: list[int]) -> None:
         conn.settimeout(10)
         try:
             conn.connect((address, port))
+            if conn.getsockname() == conn.getpeername():
+                # Nothing listens, and the kernel gave this socket PORT itself as its
+                # ephemeral port: TCP's simultaneous open connected it to itself.
+                raise OSError(errno.ECONNREFUSED, os.strerror(errno.ECONNREFUSED))
         except OSError as exc:
             error = exc
             conn.close()
