@@ -4,6 +4,7 @@ timeouts that kill the whole tree, output caps, and streaming with signals."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import signal
 
 import pytest
@@ -274,6 +275,25 @@ class ExecTests(BackendTestBase):
         assert code == 0
         assert b"".join(c.data for c in chunks if c.stream == "stdout") == b"streamed\n"
         assert all(isinstance(c, OutputChunk) for c in chunks)
+
+    async def test_a_stream_that_ended_takes_stdin_eof_and_signals_quietly(
+        self, backend: Backend, sandbox: Sandbox
+    ) -> None:
+        """Whoever feeds a command's stdin can lose the race with its end (``rollbox run``
+        closes stdin when its own ends): closing stdin or signalling after the command
+        ended is not an error, like closing a pipe to a process that exited; writing
+        may say BrokenPipeError (an OSError) or be dropped."""
+        self.require(backend, "streaming", "signals")
+        async with self.within(30, "a stream used after its end"):
+            process = await sandbox.stream(["true"], timeout=20)
+            assert [chunk async for chunk in process] == []
+            assert await process.wait() == 0
+            with contextlib.suppress(OSError):
+                await process.write_stdin(b"too late\n")
+            await process.close_stdin()
+            await process.send_signal(int(signal.SIGTERM))
+            assert await process.wait() == 0
+        assert (await sandbox.exec(["true"], timeout=30)).ok
 
     @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT, signal.SIGKILL])
     async def test_stream_signal_ends_the_command(

@@ -487,13 +487,29 @@ class RemoteProcess(Process):
 
     async def write_stdin(self, data: bytes) -> None:
         for start in range(0, len(data), 1 << 20):
-            await self._ws.send_bytes(bytes([protocol.STDIN]) + data[start:start + (1 << 20)])
+            await self._send(bytes([protocol.STDIN]) + data[start:start + (1 << 20)])
 
     async def close_stdin(self) -> None:
-        await self._ws.send_json({"type": "close_stdin"})
+        await self._send({"type": "close_stdin"})
 
     async def send_signal(self, signum: int) -> None:
-        await self._ws.send_json({"type": "signal", "signum": int(signum)})
+        await self._send({"type": "signal", "signum": int(signum)})
+
+    async def _send(self, message: bytes | dict[str, object]) -> None:
+        """To the command; dropped once it has ended (like a pipe to a process that
+        exited, nobody reads it; a stream that broke is reported by ``wait``)."""
+        if self._reader.done():
+            return
+        try:
+            if isinstance(message, bytes):
+                await self._ws.send_bytes(message)
+            else:
+                await self._ws.send_json(message)
+        except ServerUnavailableError:
+            if not self._reader.done():
+                await asyncio.wait({self._reader}, timeout=self._sandbox.backend.slack_s)
+            if not self._reader.done():
+                raise
 
     async def wait(self) -> int:
         await asyncio.shield(self._reader)  # ends by the command's timeout + slack at most
