@@ -47,11 +47,7 @@ def _error_message(error: RollboxError, held: Held) -> dict[str, object]:
 
 async def stream_handler(server: Server, request: web.Request) -> web.StreamResponse:
     held = server.held(request.match_info["id"])
-    ws = web.WebSocketResponse(max_msg_size=MAX_MESSAGE)
-    await ws.prepare(request)
-    task = asyncio.current_task()
-    assert task is not None
-    server.track(task)
+    ws = await _accept(server, request)
     with server.registry.using(held):
         try:
             process = await _start(ws, held)
@@ -61,6 +57,16 @@ async def stream_handler(server: Server, request: web.Request) -> web.StreamResp
             await ws.close()
             return ws
         await _run(ws, held, process)
+    return ws
+
+
+async def _accept(server: Server, request: web.Request) -> web.WebSocketResponse:
+    """The WebSocket, open; this handler tracked, so that shutdown cancels it."""
+    ws = web.WebSocketResponse(max_msg_size=MAX_MESSAGE)
+    await ws.prepare(request)
+    task = asyncio.current_task()
+    assert task is not None
+    server.track(task)
     return ws
 
 
@@ -139,11 +145,7 @@ async def tunnel_handler(server: Server, request: web.Request) -> web.StreamResp
     held = server.held(request.match_info["id"])
     with server.working_on(held):
         host, target, _ = await server.endpoint(held, port)
-    ws = web.WebSocketResponse(max_msg_size=MAX_MESSAGE)
-    await ws.prepare(request)
-    task = asyncio.current_task()
-    assert task is not None
-    server.track(task)
+    ws = await _accept(server, request)
     with server.registry.using(held):
         try:
             reader, writer = await asyncio.open_connection(host, target)
