@@ -376,9 +376,11 @@ def _enter_cgroup(plan: dict[str, Any]) -> None:
 
 
 def _join_cgroup(procs: list[str]) -> None:
+    """Move this (single-threaded) process: ``0`` is the writer itself (see JOIN_V1 in
+    cgroups.py for why a v1 group is entered through ``tasks``)."""
     for path in procs:
         with open(path, "w") as f:
-            f.write(str(os.getpid()))
+            f.write("0")
 
 
 def _enter(req: dict[str, Any], channel: int) -> None:

@@ -48,6 +48,15 @@ SANDBOX_WEIGHT_V2 = 100  # cpu.weight of all sandboxes together
 the backend (one process) keeps at least the share of each CPU it would have against a
 single competitor. Lower would starve sandboxes on a host busy with other work (their
 agents too: a kill of a timed-out command would wait for CPU)."""
+JOIN_V1 = "tasks"
+"""How a process enters a v1 group: it writes ``0`` (itself) into ``tasks``. The
+processes that enter (the zygote's child, the agent's first process) have one thread
+each, so this moves the whole process; and moving only the writing thread skips the
+kernel's global threadgroup lock, whose writer otherwise waits out an RCU grace period
+(7-17 ms on an idle 2-core machine, once per generation or twice, on every cold create
+and first command). ``cgroup.procs`` takes that lock; v2 has only ``cgroup.procs`` for a
+group that is not threaded, so there each generation pays it (``favordynmods`` on the
+cgroup2 mount makes it cheap)."""
 PREFIX = "rollbox-"
 KILL_ROUNDS = 3
 MiB = 1024 * 1024
@@ -56,7 +65,7 @@ MiB = 1024 * 1024
 @dataclass(frozen=True)
 class CgroupPlan:
     """What the zygote's child does for one generation, in order: make ``dirs``, write
-    ``writes`` (file, value), then write its pid into each of ``procs``."""
+    ``writes`` (file, value), then write ``0`` (itself) into each of ``procs``."""
 
     dirs: tuple[str, ...]
     writes: tuple[tuple[str, str], ...]
@@ -149,7 +158,7 @@ class Cgroups:
             writes += [(f"{groups['cpu']}/cpu.cfs_period_us", str(CPU_PERIOD_US)),
                        (f"{groups['cpu']}/cpu.cfs_quota_us", str(_quota(r.cpus)))]
         dirs = tuple(str(p) for p in groups.values())
-        return CgroupPlan(dirs, tuple(writes), tuple(f"{d}/cgroup.procs" for d in dirs))
+        return CgroupPlan(dirs, tuple(writes), tuple(f"{d}/{JOIN_V1}" for d in dirs))
 
     def freeze(self, name: str, frozen: bool, *, timeout: float = 10.0) -> bool:
         """Stop (or continue) every process of group ``name``; blocking, so call it in a

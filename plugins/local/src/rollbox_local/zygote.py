@@ -128,8 +128,8 @@ class Zygote:
         self, *, holder: int, rlimits: Sequence[tuple[int, int, int]], sandbox_id: str,
         timeout: float, cgroup_procs: Sequence[str] = (),
     ) -> AgentChannel:
-        """Start the agent in the namespaces ``holder`` keeps (and in the cgroup whose
-        ``cgroup.procs`` files are given); wait until it serves."""
+        """Start the agent in the namespaces ``holder`` keeps (and in the cgroup entered
+        through the ``cgroup_procs`` files: ``CgroupPlan.procs``); wait until it serves."""
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         header = json.dumps(
             {"op": "boot", "holder": holder, "rlimits": [list(r) for r in rlimits],

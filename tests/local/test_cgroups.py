@@ -1,0 +1,82 @@
+"""Where the local backend has cgroups, every process of a sandbox generation is in that
+generation's group of every controller: bwrap's holder (entered by the zygote's child),
+the agent and each command (entered by the agent's first process), after a reset too.
+
+The processes enter by writing ``0`` into v1's ``tasks`` (see ``cgroups.JOIN_V1``); a
+process left in the backend's group would escape the sandbox's memory, pids and CPU
+limits and its freezer."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import uuid
+from pathlib import Path
+
+import pytest
+from rollbox import SandboxSpec
+from rollbox_local import LocalBackend
+from rollbox_local.sandbox import LocalSandbox
+
+
+def _host_pids(marker: str) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if marker.encode() in (entry / "cmdline").read_bytes():
+                    found.append(int(entry.name))
+            except OSError:
+                continue
+    return found
+
+
+def _groups_of(pid: int) -> dict[str, str]:
+    """Controller -> this process's group ("" for v2)."""
+    groups = {}
+    for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines():
+        _, controllers, path = line.split(":", 2)
+        for controller in controllers.split(",") if controllers else [""]:
+            groups[controller] = path
+    return groups
+
+
+async def _check_generation(backend: LocalBackend, sandbox: LocalSandbox) -> None:
+    cgroups = backend.cgroups
+    assert cgroups is not None
+    generation = sandbox._live()
+    assert generation.cgroup is not None
+    marker = uuid.uuid4().hex
+    process = await sandbox.stream(["sh", "-c", f"sleep 30; : {marker}"], timeout=60)
+    try:
+        pids = []
+        for _ in range(100):
+            pids = _host_pids(marker)
+            if pids:
+                break
+            await asyncio.sleep(0.05)
+        assert generation.agent is not None
+        members = {generation.instance.holder, generation.agent.pid, *pids}
+        assert pids, "the command never showed up on the host"
+        for pid in members:
+            groups = _groups_of(pid)
+            for controller in ("memory", "pids", "cpu", "freezer"):
+                key = controller if cgroups.version == 1 else ""
+                assert groups[key].endswith("/" + generation.cgroup), (pid, controller, groups)
+    finally:
+        await process.send_signal(9)
+        await process.wait()
+
+
+async def test_every_process_of_a_generation_is_in_its_groups(backend: LocalBackend) -> None:
+    if backend.cgroups is None:
+        pytest.skip(f"no cgroups here: {backend.cgroups_missing}")
+    if os.geteuid() != 0 and backend.cgroups.version == 1:
+        pytest.skip("v1 groups are root's")
+    sandbox = await backend.create(SandboxSpec(image="host"))
+    try:
+        await _check_generation(backend, sandbox)
+        await sandbox.reset()  # the next generation: booted as a standby, in its own groups
+        await _check_generation(backend, sandbox)
+    finally:
+        await sandbox.close()
