@@ -91,7 +91,11 @@ class Transports:
                 and not self._ever_answered:
             return
         if not sandbox.pod_ip:
-            sandbox.pod_ip = await self._pod_ip(client, sandbox.pod)
+            # Under "http" the IP may lag the sandbox's readiness: wait for it as for the
+            # runtime (and for an API server that is restarting, within the create's
+            # own timeout, which bounds this call).
+            patience = opts.wait_s if opts.transport == "http" else 0.0
+            sandbox.pod_ip = await self._pod_ip(client, sandbox.pod, patience)
         runtime = self._runtime_for(sandbox)
         if runtime is not None and await self._probe(runtime):
             sandbox.runtime = runtime
@@ -163,10 +167,19 @@ class Transports:
                 return False
             await asyncio.sleep(min(0.2, max(0.0, deadline - loop.time())))
 
-    async def _pod_ip(self, client: KubeClient, pod: str) -> str:
-        try:
-            obj = await client.get(PODS, self.namespace, pod)
-        except ApiError:
-            return ""
-        status = obj.get("status") or {}
-        return str(status.get("podIP") or "")
+    async def _pod_ip(self, client: KubeClient, pod: str, patience: float = 0.0) -> str:
+        """The pod's IP; "" if it has none within ``patience`` seconds. An API server
+        that does not answer (restarting: status 0 or 5xx) is waited for past that."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + patience
+        while True:
+            unreachable = False
+            try:
+                obj = await client.get(PODS, self.namespace, pod)
+            except ApiError as error:
+                obj, unreachable = {}, patience > 0 and (error.status == 0
+                                                         or error.status >= 500)
+            ip = str((obj.get("status") or {}).get("podIP") or "")
+            if ip or (loop.time() >= deadline and not unreachable):
+                return ip
+            await asyncio.sleep(0.2)
