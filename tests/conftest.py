@@ -39,13 +39,23 @@ def pytest_unconfigure(config: pytest.Config) -> None:
         shutil.rmtree(home, ignore_errors=True)
 
 
-@pytest.fixture
-def searchable_dir() -> Iterator[Path]:
-    """Like ``tmp_path``, but world-searchable: pytest's own base directory is private
-    (0700) when running as root, and the sandbox user must reach a backend's state."""
-    path = Path(tempfile.mkdtemp(prefix="rollbox-test-"))
-    path.chmod(0o711)
+def _directory(prefix: str, mode: int) -> Iterator[Path]:
+    path = Path(tempfile.mkdtemp(prefix=prefix))
+    path.chmod(mode)
     try:
         yield path
     finally:
         shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture
+def searchable_dir() -> Iterator[Path]:
+    """Like ``tmp_path``, but world-searchable: pytest's own base directory is private
+    (0700) when running as root, and the sandbox user must reach a backend's state."""
+    yield from _directory("rollbox-test-", 0o711)
+
+
+@pytest.fixture
+def private_dir() -> Iterator[Path]:
+    """A directory only its owner (root) may enter, as /root is."""
+    yield from _directory("rollbox-private-", 0o700)

@@ -4,26 +4,10 @@ in, and a failed check names the setting to change."""
 from __future__ import annotations
 
 import os
-import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from cli_support import Rollbox
-
-
-@pytest.fixture
-def private_dir() -> Iterator[Path]:
-    """A directory only its owner (root) may enter, as /root is."""
-    path = Path(tempfile.mkdtemp(prefix="rollbox-private-"))
-    path.chmod(0o700)
-    try:
-        yield path
-    finally:
-        import shutil
-
-        shutil.rmtree(path, ignore_errors=True)
-
 
 SETUPS = {
     "as installed": ({}, None),

@@ -174,7 +174,7 @@ async def test_the_api_servers_own_429s_are_waited_out(
     body = json.dumps({"apiVersion": "v1", "kind": "List", "items": apf}).encode()
     kubectl(k8s_cluster, "apply", "--server-side", "-f", "-", input=body)
     try:
-        _wait_until_classified(plane, user, "rollbox-tiny")
+        _wait_until_classified(k8s_cluster, user, "rollbox-tiny")
         kubeconfig = plane.write_kubeconfig(tmp_path / "workload.json", user.name,
                                             user.token)
         backend = make_backend(kubeconfig=str(kubeconfig), transport="exec", qps=1000,
@@ -189,11 +189,12 @@ async def test_the_api_servers_own_429s_are_waited_out(
                 "rollbox-tiny", "--ignore-not-found")
 
 
-def _wait_until_classified(plane: Any, user: Any, flow_schema: str) -> None:
+def _wait_until_classified(cluster: ClusterAccess, user: Any, flow_schema: str) -> None:
     """Until the API server files ``user``'s requests under ``flow_schema``: it takes
     new APF configuration up asynchronously (seconds under load), and a burst sent
     before that meets the default limits and no 429."""
-    uid = json.loads(kubectl_as_admin(plane, "get", "flowschema", flow_schema, "-o", "json")
+    plane = cluster.require_plane()
+    uid = json.loads(kubectl(cluster, "get", "flowschema", flow_schema, "-o", "json").stdout
                      )["metadata"]["uid"]
     context = ssl.create_default_context(cafile=str(plane.pki.ca))
     deadline = time.monotonic() + 120
@@ -210,12 +211,6 @@ def _wait_until_classified(plane: Any, user: Any, flow_schema: str) -> None:
             return
         assert time.monotonic() < deadline, f"the API server never used {flow_schema}"
         time.sleep(0.2)
-
-
-def kubectl_as_admin(plane: Any, *args: str) -> str:
-    result = subprocess.run([plane.kubectl_path, "--kubeconfig", str(plane.kubeconfig), *args],
-                            capture_output=True, text=True, timeout=60, check=True)
-    return result.stdout
 
 
 async def test_client_pacing_holds_against_the_real_server(

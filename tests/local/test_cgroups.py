@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
 import uuid
 from pathlib import Path
 
 import pytest
 from rollbox import SandboxSpec
 from rollbox_local import LocalBackend
+from rollbox_local.cgroups import _own_groups
 from rollbox_local.sandbox import LocalSandbox
 
 
@@ -29,16 +31,6 @@ def _host_pids(marker: str) -> list[int]:
             except OSError:
                 continue
     return found
-
-
-def _groups_of(pid: int) -> dict[str, str]:
-    """Controller -> this process's group ("" for v2)."""
-    groups = {}
-    for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines():
-        _, controllers, path = line.split(":", 2)
-        for controller in controllers.split(",") if controllers else [""]:
-            groups[controller] = path
-    return groups
 
 
 async def _check_generation(backend: LocalBackend, sandbox: LocalSandbox) -> None:
@@ -55,16 +47,16 @@ async def _check_generation(backend: LocalBackend, sandbox: LocalSandbox) -> Non
             if pids:
                 break
             await asyncio.sleep(0.05)
+        assert pids, "the command never showed up on the host"
         assert generation.agent is not None
         members = {generation.instance.holder, generation.agent.pid, *pids}
-        assert pids, "the command never showed up on the host"
         for pid in members:
-            groups = _groups_of(pid)
+            groups = _own_groups(pid)
             for controller in ("memory", "pids", "cpu", "freezer"):
                 key = controller if cgroups.version == 1 else ""
                 assert groups[key].endswith("/" + generation.cgroup), (pid, controller, groups)
     finally:
-        await process.send_signal(9)
+        await process.send_signal(signal.SIGKILL)
         await process.wait()
 
 

@@ -234,10 +234,10 @@ def _mounts() -> tuple[Path | None, dict[str, Path]]:
     return v2, v1
 
 
-def _own_groups() -> dict[str, str]:
-    """This process's group per v1 controller, and under "" its v2 group."""
+def _own_groups(pid: int | str = "self") -> dict[str, str]:
+    """This process's (or ``pid``'s) group per v1 controller, and under "" its v2 group."""
     found: dict[str, str] = {}
-    with contextlib.suppress(OSError), open("/proc/self/cgroup") as f:
+    with contextlib.suppress(OSError), open(f"/proc/{pid}/cgroup") as f:
         for line in f:
             _, controllers, path = line.rstrip("\n").split(":", 2)
             for controller in controllers.split(",") if controllers else [""]:
