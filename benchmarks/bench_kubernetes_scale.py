@@ -23,7 +23,11 @@ from the API server's audit log (every request: user, verb, resource, time) and 
 - peak API requests/s: the most requests the server received within one second;
 - request→ready: from asking for a sandbox to holding a ready one (rollbox: the pool's
   ``queue_wait``; sdk: ``create_sandbox``; pods: ``queue_wait``), mean / p99 / max;
-- accounted: succeeded + failed == requested.
+- accounted: succeeded + failed == requested;
+- left behind: SandboxClaims, Sandboxes and pods still in the namespace once the cluster
+  has had ``--drain-wait`` seconds to delete them (deletion is asynchronous: garbage
+  collection removes a deleted warm pool's pods after it); ``drained_s`` is how long that
+  took.
 
     uv run python benchmarks/bench_kubernetes_scale.py --tasks 250 --rollouts 4
 """
@@ -230,6 +234,24 @@ def audit_counts(events: list[dict[str, Any]], rollouts: int) -> dict[str, Any]:
     }
 
 
+def drain(plane: ControlPlane, patience_s: float) -> tuple[list[str], float]:
+    """What of the burst is still in the namespace once the cluster has had up to
+    ``patience_s`` to finish deleting it, and how long that took. Deletion is
+    asynchronous (the SDK arm deletes its warm pool with ``--wait=false`` and the garbage
+    collector removes the pool's pods after), so an object counts as left behind only
+    when it outlives the wait."""
+    started = time.monotonic()
+    while True:
+        left = subprocess.run([plane.kubectl_path, "--kubeconfig", str(plane.kubeconfig),
+                               "-n", plane.namespace, "get",
+                               "sandboxclaims,sandboxes,pods", "-o", "name"],
+                              capture_output=True, text=True).stdout.split()
+        waited = time.monotonic() - started
+        if not left or waited >= patience_s:
+            return left, round(waited, 1)
+        time.sleep(1)
+
+
 def run_arm(arm: str, args: argparse.Namespace) -> dict[str, Any]:
     with cluster(args) as plane:
         user = plane.users["workload"]
@@ -246,15 +268,13 @@ def run_arm(arm: str, args: argparse.Namespace) -> dict[str, Any]:
         cpu = {c: round(plane.cpu_seconds(c) - cpu[c], 1) for c in cpu}
         time.sleep(2)  # the audit log's batch is flushed
         counts = audit_counts(read_audit(plane, since), outcome["requested"])
-        left = subprocess.run([plane.kubectl_path, "--kubeconfig", str(plane.kubeconfig),
-                               "-n", plane.namespace, "get", "sandboxclaims,pods",
-                               "-o", "name"], capture_output=True, text=True).stdout.split()
+        left, drained = drain(plane, args.drain_wait)
     ready = summarize(outcome.pop("ready_s"))
     return {"arm": arm, "rollouts": outcome["requested"], **outcome, **counts,
             "ready_mean_s": round(ready.mean, 3), "ready_p99_s": round(ready.p99, 3),
             "ready_max_s": round(ready.max, 3), "apiserver_cpu_s": cpu["kube-apiserver"],
             "etcd_cpu_s": cpu["etcd"], "wall_s": round(wall, 1),
-            "left_after_burst": len(left)}
+            "drained_s": drained, "left_after_burst": len(left)}
 
 
 def table(results: list[dict[str, Any]]) -> str:
@@ -287,6 +307,9 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     parser.add_argument("--runtime-wait", type=float, default=120.0,
                         help="how long rollbox waits for a new pod's runtime (a busy node "
                              "agent on 2 cores can be slow to answer)")
+    parser.add_argument("--drain-wait", type=float, default=300.0,
+                        help="how long the cluster gets to delete an arm's objects before "
+                             "those still there count as left behind")
     parser.add_argument("--arm", action="append", choices=ARMS, help="default: all")
     parser.add_argument("--json", type=Path, help="also write the results here")
     parser.add_argument("--keep", action="store_true", help="keep each cluster's state")
