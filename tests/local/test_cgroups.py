@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 from rollbox import SandboxSpec
 from rollbox_local import LocalBackend
-from rollbox_local.cgroups import _own_groups
+from rollbox_local.cgroups import STANDBY_WEIGHT, USED_WEIGHT, _own_groups
+from rollbox_local.generation import Generation
 from rollbox_local.sandbox import LocalSandbox
 
 
@@ -70,5 +71,35 @@ async def test_every_process_of_a_generation_is_in_its_groups(backend: LocalBack
         await _check_generation(backend, sandbox)
         await sandbox.reset()  # the next generation: booted as a standby, in its own groups
         await _check_generation(backend, sandbox)
+    finally:
+        await sandbox.close()
+
+
+async def test_a_standby_weighs_little_on_the_cpu_until_it_is_put_to_use(
+        backend: LocalBackend) -> None:
+    """Generations compete as sibling groups, where a standby bwrap's nice value does not
+    reach: its group's own CPU weight keeps its boot from taking half a CPU from the
+    command running beside it (``cgroups.STANDBY_WEIGHT``)."""
+    cgroups = backend.cgroups
+    if cgroups is None:
+        pytest.skip(f"no cgroups here: {backend.cgroups_missing}")
+    if os.geteuid() != 0 and cgroups.version == 1:
+        pytest.skip("v1 groups are root's")
+
+    def weight(generation: Generation) -> int:
+        assert generation.cgroup is not None
+        return int(cgroups._weight_file(generation.cgroup).read_text())
+
+    sandbox = await backend.create(SandboxSpec(image="host"))
+    try:
+        await sandbox.exec(["true"])  # in use: its standby boots once this has ended
+        assert sandbox._standby is not None
+        standby = await sandbox._standby
+        assert weight(standby) == STANDBY_WEIGHT[cgroups.version]
+        await sandbox.reset()
+        assert sandbox._live() is standby
+        assert weight(standby) == STANDBY_WEIGHT[cgroups.version]  # idle: weight is moot
+        await sandbox.exec(["true"])
+        assert weight(standby) == USED_WEIGHT[cgroups.version]
     finally:
         await sandbox.close()

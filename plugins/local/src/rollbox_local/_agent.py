@@ -92,12 +92,15 @@ _setns, _unshare, _prctl, _capset, _mount = (
     libc.setns, libc.unshare, libc.prctl, libc.capset, libc.mount)
 CAP_LAST = int(open("/proc/sys/kernel/cap_last_cap").read())
 DEFAULT_SIGNALS = [s for s in signal.valid_signals() if s not in (signal.SIGKILL, signal.SIGSTOP)]
-# Commands run SCHED_IDLE: within their sandbox, the agent and its helpers (the kill of
-# a timed-out tree, the next command's start) always get the CPU before a busy command.
-# A command cannot leave SCHED_IDLE (that needs RLIMIT_NICE or CAP_SYS_NICE). Between
-# sandboxes and against the host, the cgroup's weight decides (cgroups.py). glibc's
-# posix_spawn takes no SCHED_IDLE, so it is set right after the spawn.
-IDLE = os.sched_param(0)
+# Commands run at nice COMMAND_NICE: within their sandbox, the agent and its helpers (the
+# kill of a timed-out tree, the next command's start) outweigh a busy command three to
+# one, and a command cannot lower its nice value (that needs RLIMIT_NICE or CAP_SYS_NICE).
+# Not SCHED_IDLE: a waking SCHED_IDLE task does not preempt a running one (it waits for
+# the tick), and without cgroups it lost to a niced standby boot (the round trip of the
+# command after a reset's first one: 5 ms instead of 3). Between sandboxes and against
+# the host, the cgroup's weight decides (cgroups.py). glibc's posix_spawn takes no nice
+# value, so it is set right after the spawn.
+COMMAND_NICE = 5
 
 
 def _check(ret: int, what: str) -> None:
@@ -803,7 +806,7 @@ class Helper:
             finally:
                 _close(*stdio)
             try:
-                os.sched_setscheduler(pid, os.SCHED_IDLE, IDLE)
+                os.setpriority(os.PRIO_PROCESS, pid, COMMAND_NICE)
             except OSError:
                 pass  # it has already ended
             _write(status, f"S {pid}")

@@ -290,6 +290,11 @@ class LocalBackend(Backend):
         for path in paths:
             await asyncio.to_thread(self.chores.call, "remove_tree", path)
 
+    def put_to_use(self, cgroup: str | None) -> None:
+        """Raise a generation booted ahead of need to a used one's CPU weight."""
+        if self.cgroups is not None and cgroup is not None:
+            self.cgroups.put_to_use(cgroup)
+
     def drop_cgroup(self, name: str | None) -> None:
         """Remove a stopped generation's cgroup in the background."""
         if self.cgroups is not None and name is not None:

@@ -6,11 +6,12 @@ generation holds: every process, the tmpfs pages of its writable layer, memfd. E
 generation of each sandbox gets one, under a group per backend process::
 
     <where this process may make groups>/rollbox-<owner>/   cpu weight of one process
-        lbx-…-g0/   memory, pids, cpu quota; freezer            (one per generation)
+        lbx-…-g0/   memory, pids, cpu quota and weight; freezer (one per generation)
 
 The zygote's child makes a generation's group, writes its limits and enters it before
 it starts bwrap, and the agent's first process enters it before it forks the agent: the
-sandbox never runs outside it, and no cgroup file is written on the event loop.
+sandbox never runs outside it, and no group is made, entered or removed on the event
+loop (only a CPU weight is written there: ``put_to_use``).
 
 Where groups can be made:
 
@@ -48,6 +49,13 @@ SANDBOX_WEIGHT_V2 = 100  # cpu.weight of all sandboxes together
 the backend (one process) keeps at least the share of each CPU it would have against a
 single competitor. Lower would starve sandboxes on a host busy with other work (their
 agents too: a kill of a timed-out command would wait for CPU)."""
+STANDBY_WEIGHT = {1: 110, 2: 11}
+"""cpu.shares (v1) / cpu.weight (v2) of a generation booted ahead of need (a standby, a
+warm reserve) until it is put to use; groups that are in use keep the default (1024 /
+100). Generations compete as sibling groups, so a standby bwrap's nice value counts only
+inside its own group: without this a standby's boot took half of a CPU from a command
+running next to it. 110 is what nice 10 weighs against nice 0's 1024."""
+USED_WEIGHT = {1: 1024, 2: 100}
 JOIN_V1 = "tasks"
 """How a process enters a v1 group: it writes ``0`` (itself) into ``tasks``. The
 processes that enter (the zygote's child, the agent's first process) have one thread
@@ -132,10 +140,13 @@ class Cgroups:
     def group(self, name: str) -> dict[str, Path]:
         return {controller: base / name for controller, base in self.bases.items()}
 
-    def plan(self, name: str, resources: Resources) -> CgroupPlan:
-        """The group ``name`` with ``resources``' memory, pids and CPU limits."""
+    def plan(self, name: str, resources: Resources, *, standby: bool = False) -> CgroupPlan:
+        """The group ``name`` with ``resources``' memory, pids and CPU limits; at
+        STANDBY_WEIGHT until ``put_to_use`` where ``standby``."""
         groups = self.group(name)
         writes: list[tuple[str, str]] = []
+        if standby:
+            writes.append((str(self._weight_file(name)), str(STANDBY_WEIGHT[self.version])))
         r = resources
         if self.version == 2:
             path = groups["memory"]
@@ -159,6 +170,17 @@ class Cgroups:
                        (f"{groups['cpu']}/cpu.cfs_quota_us", str(_quota(r.cpus)))]
         dirs = tuple(str(p) for p in groups.values())
         return CgroupPlan(dirs, tuple(writes), tuple(f"{d}/{JOIN_V1}" for d in dirs))
+
+    def _weight_file(self, name: str) -> Path:
+        return self.group(name)["cpu"] / ("cpu.weight" if self.version == 2 else "cpu.shares")
+
+    def put_to_use(self, name: str) -> None:
+        """Give group ``name`` a used generation's CPU weight. One write of a few tens of
+        microseconds that waits on no other group, so it is made on the event loop (at a
+        command's start, where a thread hop would cost more); a group already gone is
+        left alone."""
+        with contextlib.suppress(OSError):
+            _write(self._weight_file(name), str(USED_WEIGHT[self.version]))
 
     def freeze(self, name: str, frozen: bool, *, timeout: float = 10.0) -> bool:
         """Stop (or continue) every process of group ``name``; blocking, so call it in a

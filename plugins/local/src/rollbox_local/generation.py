@@ -42,6 +42,9 @@ class Generation:
     cgroup_procs: tuple[str, ...] = ()
     on_stopped: Callable[[], None] | None = None
     """Called once every process is gone (drops the cgroup)."""
+    on_put_to_use: Callable[[], None] | None = None
+    """Called once when it is first used (a generation booted ahead of need runs at a
+    standby's CPU weight until then: ``cgroups.STANDBY_WEIGHT``)."""
     agent: AgentChannel | None = None
     """None until the first command: an idle warm sandbox costs only its bwrap."""
 
@@ -74,6 +77,12 @@ class Generation:
                 timeout=sandbox.spec.timeouts.create_s, cgroup_procs=self.cgroup_procs,
             ))
         return self._attach(await asyncio.shield(self._agent_boot))
+
+    def put_to_use(self) -> None:
+        """Someone waits on this generation now: give it a used generation's CPU weight."""
+        if self.on_put_to_use is not None:
+            self.on_put_to_use()
+            self.on_put_to_use = None
 
     def host_upper(self) -> str:
         """The upper directory as a host path: through the bwrap process's root where
@@ -122,8 +131,9 @@ async def boot_generation(sandbox: LocalSandbox, number: int, *, agent: bool = F
     standby, or a sandbox a pool warms ahead of need), so its bwrap runs niced and
     commands running now keep the CPU."""
     backend = sandbox.backend
-    cgroup = f"{sandbox.id}-g{number}" if backend.cgroups is not None else None
-    plan = backend.cgroups.plan(cgroup, sandbox.resources) if backend.cgroups and cgroup else None
+    cgroup = cgroup_name(sandbox, number)
+    plan = (backend.cgroups.plan(cgroup, sandbox.resources, standby=background)
+            if backend.cgroups and cgroup else None)
     place = _place(sandbox, number)
     try:
         instance = await Instance.start(
@@ -144,7 +154,8 @@ async def boot_generation(sandbox: LocalSandbox, number: int, *, agent: bool = F
         raise
     generation = Generation(instance, place.layout.upper, place.leftovers,
                             place.tmpfs is not None, cgroup, plan.procs if plan else (),
-                            lambda: backend.drop_cgroup(cgroup))
+                            lambda: backend.drop_cgroup(cgroup),
+                            (lambda: backend.put_to_use(cgroup)) if plan and background else None)
     if agent or sandbox.spec.entrypoint is not None:
         try:
             await generation.start_agent(sandbox)
@@ -154,6 +165,11 @@ async def boot_generation(sandbox: LocalSandbox, number: int, *, agent: bool = F
             await generation.stop()
             raise
     return generation
+
+
+def cgroup_name(sandbox: LocalSandbox, number: int) -> str | None:
+    """The cgroup of the sandbox's generation ``number`` (None: the backend has none)."""
+    return f"{sandbox.id}-g{number}" if sandbox.backend.cgroups is not None else None
 
 
 @dataclass(frozen=True)

@@ -45,7 +45,7 @@ from rollbox.spec import MiB, Network, Resources, SandboxSpec
 
 from rollbox_local.execution import Execution
 from rollbox_local.fileops import FileOps
-from rollbox_local.generation import Generation, boot_generation
+from rollbox_local.generation import Generation, boot_generation, cgroup_name
 from rollbox_local.ports import PortRelays
 from rollbox_local.statuspipe import StatusLine
 from rollbox_local.zygote import AgentChannel
@@ -54,7 +54,12 @@ if TYPE_CHECKING:
     from rollbox_local.backend import LocalBackend
     from rollbox_local.images import Image
 
-STANDBY_DELAY_S = 0.005
+STANDBY_DELAY_S = 0.05
+"""A sandbox in use boots its next generation (its standby, so that reset is a swap) when
+its first command ends, or this long after that command started if it is still running.
+The first command is the one time-to-first-command measures: a standby booting beside it
+(bwrap, a tmpfs, a cgroup, the agent) took 3-4 ms from it on a busy 2-core machine. A
+long first command gives the standby its run time as a head start."""
 RETIRE_DELAY_S = 0.05
 """How long a reset lets the old generation of a sandbox without network live on.
 
@@ -85,9 +90,10 @@ class LocalSandbox(Sandbox):
         self.rlimits = _rlimits(self.resources, memory_by_cgroup=backend.cgroups is not None)
         self._current: Generation | None = None
         self._standby: asyncio.Task[Generation] | None = None
+        self._standby_cgroup: str | None = None
         self._numbers = itertools.count()
         self._request_ids = itertools.count(1)
-        self._standby_due = False
+        self._standby_due: asyncio.TimerHandle | None = None
         self._closed = False
         self._retiring: set[Generation] = set()
         self.files = FileOps(self)
@@ -112,22 +118,25 @@ class LocalSandbox(Sandbox):
         return current
 
     def _schedule_standby(self) -> None:
-        if self._standby is None and not self._standby_due:
-            self._standby_due = True
-            asyncio.get_running_loop().call_later(
+        if self._standby is None and self._standby_due is None:
+            self._standby_due = asyncio.get_running_loop().call_later(
                 STANDBY_DELAY_S, self._prepare_standby, self._current)
 
-    def _prepare_standby(self, for_generation: Generation | None) -> None:
-        """In use: boot the next generation meanwhile, so that reset is a swap.
+    def _command_ended(self, generation: Generation | None) -> None:
+        """Boot the standby that a command of ``generation`` made due, now."""
+        if self._standby_due is not None:
+            self._standby_due.cancel()
+            self._prepare_standby(generation)
 
-        Scheduled STANDBY_DELAY_S after a generation's first command starts: a quick
-        first command (the one TTFC measures) is over before the boot competes for the
-        CPU, and a long one gives the standby its run time as a head start."""
-        self._standby_due = False
+    def _prepare_standby(self, for_generation: Generation | None) -> None:
+        """In use: boot the next generation meanwhile (see STANDBY_DELAY_S)."""
+        self._standby_due = None
         in_use = for_generation is not None and self._current is for_generation
         if self._standby is None and not self._closed and in_use:
+            number = next(self._numbers)
+            self._standby_cgroup = cgroup_name(self, number)
             self._standby = asyncio.ensure_future(
-                boot_generation(self, next(self._numbers), agent=True, background=True))
+                boot_generation(self, number, agent=True, background=True))
 
     async def prepare(self) -> None:
         """Start the agent now rather than with the first command (about 2 ms)."""
@@ -148,6 +157,8 @@ class LocalSandbox(Sandbox):
             asyncio.get_running_loop().call_later(delay, self._retire, old)
         try:
             if standby is not None:
+                if not standby.done():  # the reset waits for it now
+                    self.backend.put_to_use(self._standby_cgroup)
                 try:
                     fresh = await standby
                 except SandboxError:
@@ -209,7 +220,9 @@ class LocalSandbox(Sandbox):
 
     async def _agent(self) -> AgentChannel:
         try:
-            return await self._live().start_agent(self)
+            generation = self._live()
+            generation.put_to_use()
+            return await generation.start_agent(self)
         except SandboxError as exc:
             raise SandboxLostError(f"sandbox {self.id}: {exc.message}",
                                    sandbox_id=self.id) from exc
@@ -253,12 +266,14 @@ class LocalSandbox(Sandbox):
         loop = asyncio.get_running_loop()
         started = loop.time()
         ex = self._launch(await self._agent(), request)
+        generation = self._current
         self._schedule_standby()
         try:
             await self._await_end(ex, request)
             ex.drain()
         finally:
             ex.close()
+            self._command_ended(generation)
         out, err = ex.captures["stdout"], ex.captures["stderr"]
         return ExecResult(
             exit_code=await self._exit_code(ex, request),
@@ -457,6 +472,7 @@ class LocalProcess(Process):
         self._request = request
         self._queue: asyncio.Queue[OutputChunk | None] = asyncio.Queue()
         self._ex = sandbox._launch(agent, request, on_chunk=self._chunk)
+        self._generation = sandbox._current
         self._ex.streams_closed.add_done_callback(lambda _: self._queue.put_nowait(None))
         self._ex.ended.add_done_callback(self._on_end)
         self._budget = {"stdout": request.output_limit, "stderr": request.output_limit}
@@ -477,6 +493,7 @@ class LocalProcess(Process):
     def _on_end(self, _: object) -> None:
         # Background processes may keep the pipes open: stop streaming shortly after.
         asyncio.get_running_loop().call_later(0.05, self._ex.close)
+        self._sandbox._command_ended(self._generation)
 
     async def _iterate(self) -> AsyncIterator[OutputChunk]:
         while (chunk := await self._queue.get()) is not None:
