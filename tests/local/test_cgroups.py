@@ -92,8 +92,12 @@ async def test_a_standby_weighs_little_on_the_cpu_until_it_is_put_to_use(
 
     sandbox = await backend.create(SandboxSpec(image="host"))
     try:
-        await sandbox.exec(["true"])  # in use: its standby boots once this has ended
-        assert sandbox._standby is not None
+        await sandbox.exec(["true"])  # in use: its standby boots meanwhile
+        for _ in range(200):
+            if sandbox._standby is not None:
+                break
+            await asyncio.sleep(0.005)
+        assert sandbox._standby is not None, "no standby was booted"
         standby = await sandbox._standby
         assert weight(standby) == STANDBY_WEIGHT[cgroups.version]
         await sandbox.reset()
