@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 from rollbox import SandboxSpec
+from rollbox.backend import creating_ahead_of_need
 from rollbox_local import LocalBackend
 from rollbox_local.cgroups import STANDBY_WEIGHT, USED_WEIGHT, _own_groups
 from rollbox_local.generation import Generation
@@ -105,5 +106,28 @@ async def test_a_standby_weighs_little_on_the_cpu_until_it_is_put_to_use(
         assert weight(standby) == STANDBY_WEIGHT[cgroups.version]  # idle: weight is moot
         await sandbox.exec(["true"])
         assert weight(standby) == USED_WEIGHT[cgroups.version]
+    finally:
+        await sandbox.close()
+
+
+async def test_a_reserve_warmed_ahead_of_need_is_not_put_to_use_by_preparing_it(
+        backend: LocalBackend) -> None:
+    """A pool prepares (starts the agent of) every sandbox it warms; only a command
+    raises the weight."""
+    cgroups = backend.cgroups
+    if cgroups is None:
+        pytest.skip(f"no cgroups here: {backend.cgroups_missing}")
+    if os.geteuid() != 0 and cgroups.version == 1:
+        pytest.skip("v1 groups are root's")
+    with creating_ahead_of_need():
+        sandbox = await backend.create(SandboxSpec(image="host"))
+    try:
+        await sandbox.prepare()
+        generation = sandbox._live()
+        assert generation.cgroup is not None
+        weight = cgroups._weight_file(generation.cgroup)
+        assert int(weight.read_text()) == STANDBY_WEIGHT[cgroups.version]
+        await sandbox.exec(["true"])
+        assert int(weight.read_text()) == USED_WEIGHT[cgroups.version]
     finally:
         await sandbox.close()

@@ -135,8 +135,10 @@ class LocalSandbox(Sandbox):
                 boot_generation(self, number, agent=True, background=True))
 
     async def prepare(self) -> None:
-        """Start the agent now rather than with the first command (about 2 ms)."""
-        await self._agent()
+        """Start the agent now rather than with the first command (about 2 ms). A pool
+        prepares what it warms ahead of need: that is not a use (the generation keeps a
+        standby's CPU weight)."""
+        await self._agent(use=False)
 
     async def ping(self) -> bool:
         return not self._closed and self._current is not None and self._current.alive
@@ -214,10 +216,11 @@ class LocalSandbox(Sandbox):
 
     # -- commands ------------------------------------------------------------------------
 
-    async def _agent(self) -> AgentChannel:
+    async def _agent(self, *, use: bool = True) -> AgentChannel:
         try:
             generation = self._live()
-            generation.put_to_use()
+            if use:
+                generation.put_to_use()
             return await generation.start_agent(self)
         except SandboxError as exc:
             raise SandboxLostError(f"sandbox {self.id}: {exc.message}",
