@@ -43,7 +43,6 @@ import json
 import os
 import shutil
 import socket
-import subprocess
 import tempfile
 import time
 from collections.abc import Iterator
@@ -242,10 +241,8 @@ def drain(plane: ControlPlane, patience_s: float) -> tuple[list[str], float]:
     when it outlives the wait."""
     started = time.monotonic()
     while True:
-        left = subprocess.run([plane.kubectl_path, "--kubeconfig", str(plane.kubeconfig),
-                               "-n", plane.namespace, "get",
-                               "sandboxclaims,sandboxes,pods", "-o", "name"],
-                              capture_output=True, text=True).stdout.split()
+        left = plane.kubectl("-n", plane.namespace, "get", "sandboxclaims,sandboxes,pods",
+                             "-o", "name").stdout.decode().split()
         waited = time.monotonic() - started
         if not left or waited >= patience_s:
             return left, round(waited, 1)
