@@ -4,6 +4,8 @@ help line for each option, and the default wherever there is one."""
 from __future__ import annotations
 
 import argparse
+import subprocess
+import sys
 from collections.abc import Iterator
 
 import pytest
@@ -52,3 +54,18 @@ def test_help_runs_and_shows_the_description(rollbox: Rollbox, path: tuple[str, 
     assert result.stdout.startswith("usage: rollbox")
     first_words = " ".join((PATHS[path].description or "").split()[:4])
     assert first_words in " ".join(result.stdout.split())
+
+
+HEAVY = ("aiohttp", "kubernetes_asyncio", "gymnasium", "openhands", "nemo_gym", "numpy")
+
+
+def test_building_the_parser_imports_no_heavy_package() -> None:
+    """Every ``rollbox`` command builds the whole parser first: a plugin that imports its
+    server or client stack there makes ``rollbox run -- true`` pay for it (aiohttp alone
+    took ~0.8 s of a 1.6 s start)."""
+    code = ("import sys\nfrom rollbox import cli, get_plugin_manager\n"
+            "cli.build_parser(get_plugin_manager())\n"
+            f"print(sorted({{m.split('.')[0] for m in sys.modules}} & set({HEAVY!r})))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=60, check=True)
+    assert done.stdout.strip() == "[]", done.stdout

@@ -1,4 +1,5 @@
-"""``rollbox openhands build-image | serve``."""
+"""``rollbox openhands build-image | serve``: the arguments (kept light: every ``rollbox``
+command loads them; aiohttp and the server are imported only to run ``serve``)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,9 @@ from pathlib import Path
 
 from rollbox.cli_commands import Command
 from rollbox.errors import UsageError
+from rollbox.spec import Network
+
+API_KEY_VARIABLE = "ROLLBOX_OPENHANDS_API_KEY"
 
 
 def openhands_command() -> Command:
@@ -39,9 +43,30 @@ def configure(parser: argparse.ArgumentParser) -> None:
     serve = sub.add_parser(
         "serve", help="serve the OpenHands Runtime API (RUNTIME=remote, APIRemoteWorkspace) "
         "over rollbox sandboxes")
-    from rollbox_openhands.server import configure_serve
+    _configure_serve(serve)
 
-    configure_serve(serve)
+
+def _configure_serve(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    parser.add_argument("--port", type=int, default=8420, help="port (default 8420)")
+    parser.add_argument("--api-key", default=os.environ.get(API_KEY_VARIABLE),
+                        help=f"the X-API-Key clients send (default: ${API_KEY_VARIABLE}; "
+                             "generated and printed if unset)")
+    parser.add_argument("--warm", type=int, default=1,
+                        help="booted agent-servers kept ready per kind of /start (default 1)")
+    parser.add_argument("--backend", default=os.environ.get("ROLLBOX_BACKEND", "local"),
+                        help="rollbox backend (default: $ROLLBOX_BACKEND or 'local')")
+    parser.add_argument("--max-sandboxes", type=int, default=None,
+                        help="at most this many sandboxes at once (default: no limit)")
+    parser.add_argument("--agent-logs", default=None, metavar="DIR",
+                        help="write each agent-server's output to DIR/agent-server-SANDBOX.log")
+    parser.add_argument("--network", choices=[n.value for n in Network], default="none",
+                        help="the agent-servers' network: none (default; reached through "
+                             "rollbox, out only through --forward) or host")
+    parser.add_argument("--forward", action="append", default=[], metavar="PORT[=HOST:PORT]",
+                        help="make 127.0.0.1:PORT inside every sandbox lead to HOST:PORT "
+                             "outside (default 127.0.0.1:PORT): the LLM endpoint, say "
+                             "(repeatable)")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import os
 import secrets
 import signal
 import sys
@@ -28,8 +27,6 @@ from rollbox.spec import Network, SandboxSpec
 
 from rollbox_openhands.agent_servers import AgentServers
 from rollbox_openhands.runtime_api import RuntimeAPI
-
-API_KEY_VARIABLE = "ROLLBOX_OPENHANDS_API_KEY"
 
 
 class WarmTargets(PoolPolicy):
@@ -93,29 +90,6 @@ async def serving(api: RuntimeAPI, host: str, port: int) -> AsyncIterator[str]:
         yield f"http://{host}:{bound}"
     finally:
         await runner.cleanup()
-
-
-def configure_serve(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--host", default="127.0.0.1", help="address to listen on")
-    parser.add_argument("--port", type=int, default=8420, help="port (default 8420)")
-    parser.add_argument("--api-key", default=os.environ.get(API_KEY_VARIABLE),
-                        help=f"the X-API-Key clients send (default: ${API_KEY_VARIABLE}; "
-                             "generated and printed if unset)")
-    parser.add_argument("--warm", type=int, default=1,
-                        help="booted agent-servers kept ready per kind of /start (default 1)")
-    parser.add_argument("--backend", default=os.environ.get("ROLLBOX_BACKEND", "local"),
-                        help="rollbox backend (default: $ROLLBOX_BACKEND or 'local')")
-    parser.add_argument("--max-sandboxes", type=int, default=None,
-                        help="at most this many sandboxes at once (default: no limit)")
-    parser.add_argument("--agent-logs", default=None, metavar="DIR",
-                        help="write each agent-server's output to DIR/agent-server-SANDBOX.log")
-    parser.add_argument("--network", choices=[n.value for n in Network], default="none",
-                        help="the agent-servers' network: none (default; reached through "
-                             "rollbox, out only through --forward) or host")
-    parser.add_argument("--forward", action="append", default=[], metavar="PORT[=HOST:PORT]",
-                        help="make 127.0.0.1:PORT inside every sandbox lead to HOST:PORT "
-                             "outside (default 127.0.0.1:PORT): the LLM endpoint, say "
-                             "(repeatable)")
 
 
 def parse_forward(values: list[str]) -> dict[int, tuple[str, int]]:
