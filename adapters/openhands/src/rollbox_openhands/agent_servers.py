@@ -51,7 +51,7 @@ from rollbox.sandbox import Endpoint
 from rollbox.spec import FrozenMap, Network, Resources, SandboxSpec, Timeouts
 
 from rollbox_openhands.door import Door
-from rollbox_openhands.egress import Egress
+from rollbox_openhands.egress import RELAY, Egress
 from rollbox_openhands.runtime_api import Runtime, StartRequest
 
 _log = logging.getLogger(__name__)
@@ -72,7 +72,15 @@ BOOT = r"""
 set -e
 umask 077
 mkdir -p "$BOOT_DIR"
-port=$1; shift
+port=$1 relay_ports=$2 relay=$3; shift 3
+if [ -n "$relay_ports" ]; then
+  python3 -I -S -c "$relay" "$BOOT_DIR/relay" $relay_ports > "$BOOT_DIR/relay.log" 2>&1 &
+  while [ ! -s "$BOOT_DIR/relay" ]; do
+    kill -0 $! 2>/dev/null || { echo "rollbox-openhands: the LLM relay did not start" \
+      "(is python3 on the image's PATH?):" >&2; cat "$BOOT_DIR/relay.log" >&2; exit 1; }
+    sleep 0.01
+  done
+fi
 if [ "$port" = 0 ]; then
   port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0))
 print(s.getsockname()[1])')
@@ -85,17 +93,20 @@ printf '%s %s %s\n' "$port" "$$" "$OH_SESSION_API_KEYS_0" > "$BOOT_DIR/boot.new"
 mv "$BOOT_DIR/boot.new" "$BOOT_DIR/boot"
 exec "$@" --host 127.0.0.1 --port "$port" > "$BOOT_DIR/agent-server.log" 2>&1
 """.replace("$BOOT_DIR", BOOT_DIR)
-"""The entrypoint: ``sh -c BOOT boot PORT COMMAND...`` (PORT 0: pick a free one)."""
+"""The entrypoint: ``sh -c BOOT boot PORT RELAY_PORTS RELAY COMMAND...`` (PORT 0: pick a
+free one; RELAY_PORTS, space-separated, empty for none: start the LLM relay ``RELAY``
+listening on them first, ``rollbox_openhands.egress``)."""
 
 HAND_OUT = r"""
 while [ ! -s "$BOOT_DIR/boot" ]; do sleep 0.02; done
 read -r port pid key < "$BOOT_DIR/boot"
 kill -0 "$pid" || { echo "the agent-server (pid $pid) is gone" >&2; exit 3; }
 printf '%s\n' "$1" > "$BOOT_DIR/sandbox-id"
-echo "$port $key"
+relay=$(cat "$BOOT_DIR/relay" 2>/dev/null) || relay=-
+echo "$port $key $relay"
 """.replace("$BOOT_DIR", BOOT_DIR)
 """Run at hand-out: checks the agent-server still runs, names the sandbox, prints
-``PORT KEY``."""
+``PORT KEY RELAY`` (RELAY: the LLM relay's control port, or ``-``)."""
 
 _SIGNAL_ALL = r"""
 keep=" 1 $$ "; p=$PPID
@@ -155,6 +166,15 @@ def command_port(command: Sequence[str]) -> int:
     return DEFAULT_PORT
 
 
+RELAY_PORTS_ARG = 5
+"""Where ``BOOT``'s RELAY_PORTS sits in a spec's entrypoint."""
+
+
+def relay_ports(spec: SandboxSpec) -> list[int]:
+    """The ports ``spec``'s agent-server reaches through its LLM relay."""
+    return [int(p) for p in (spec.entrypoint or ())[RELAY_PORTS_ARG].split()]
+
+
 WantWarm = Callable[[Mapping[SandboxSpec, int]], None]
 """Tells the pool's policy how many sandboxes of each spec to keep warm (all specs)."""
 
@@ -206,7 +226,7 @@ class AgentServers:
         self.forward = dict(forward or {})
         """Ports inside every sandbox that lead to (host, port) outside: the LLM's, say
         (only with ``network="none"``; on the host's network everything is reachable)."""
-        self._specs: dict[tuple[Kind, Network], SandboxSpec] = {}
+        self._specs: dict[tuple[Kind, Network, str], SandboxSpec] = {}
         self._targets: dict[SandboxSpec, int] = {}
         self._active: dict[str, _Active] = {}  # by runtime id
         self._sessions: dict[str, str] = {}  # session id -> runtime id
@@ -326,11 +346,18 @@ class AgentServers:
 
     # -- internals ---------------------------------------------------------------------
 
+    @property
+    def _relayed(self) -> bool:
+        """The agent-servers reach ``forward``'s targets through an LLM relay."""
+        return bool(self.forward) and self.network is Network.NONE
+
     def spec_for(self, kind: Kind) -> SandboxSpec:
-        spec = self._specs.get((kind, self.network))
+        relay_ports = " ".join(map(str, sorted(self.forward))) if self._relayed else ""
+        key = (kind, self.network, relay_ports)  # forward may grow (RollboxWorkspace)
+        spec = self._specs.get(key)
         if spec is None:
             port = 0 if self.network is Network.HOST else command_port(kind.command)
-            spec = self._specs[(kind, self.network)] = SandboxSpec(
+            spec = self._specs[key] = SandboxSpec(
                 image=kind.image, workdir=kind.working_dir, network=self.network,
                 env={**BASE_ENV, **kind.environment},
                 resources=Resources(memory_mb=self.memory_mb * kind.resource_factor,
@@ -339,7 +366,7 @@ class AgentServers:
                 timeouts=Timeouts(create_s=self.boot_timeout, reset_s=self.boot_timeout),
                 labels={"rollbox.openhands": "agent-server"},
                 entrypoint=("/bin/sh", "-c", BOOT, "rollbox-openhands-boot", str(port),
-                            *without_listen_options(kind.command)),
+                            relay_ports, RELAY, *without_listen_options(kind.command)),
                 ready_port=port or None,
             )
         return spec
@@ -365,22 +392,27 @@ class AgentServers:
         """``lease``'s agent-server, running and listening, its key read and its LLM
         forwarded."""
         sandbox = lease.sandbox
-        egress = Egress(sandbox, self.forward) if (
-            self.forward and self.network is Network.NONE) else None
+        egress = None
         known = lease.spec.ready_port  # else the boot picked one: known from ``boot``
         try:
-            boot, endpoint, _ = await asyncio.gather(
+            boot, endpoint = await asyncio.gather(
                 sandbox.exec(["/bin/sh", "-c", HAND_OUT, "hand-out", sandbox.id],
                              timeout=self.boot_timeout),
-                sandbox.endpoint(known) if known else asyncio.sleep(0, None),
-                egress.start() if egress is not None else asyncio.sleep(0))
-            port, _, key = boot.text.strip().partition(" ")
+                sandbox.endpoint(known) if known else asyncio.sleep(0, None))
+            port, key, relay = [*boot.text.split(), "", "", ""][:3]
             if not boot.ok or not port.isdigit() or not key:
                 raise CreateFailedError(f"the agent-server's boot left no key: "
                                         f"{boot.stderr.decode(errors='replace')[-500:]}",
                                         sandbox_id=sandbox.id)
             if endpoint is None:
                 endpoint = await sandbox.endpoint(int(port))
+            relayed = relay_ports(lease.spec)
+            if relayed:
+                if not relay.isdigit():
+                    raise CreateFailedError("the agent-server booted without its LLM relay "
+                                            f"(ports {relayed})", sandbox_id=sandbox.id)
+                egress = Egress(sandbox, {p: self.forward[p] for p in relayed}, int(relay))
+                await egress.start()
             booted = Booted(lease, endpoint, key, once, egress)
         except BaseException:
             if egress is not None:

@@ -1,15 +1,20 @@
-"""TCP out of a sandbox without network, over a streamed command's stdio.
+"""TCP out of a sandbox without network, over one connection in through its port exposure.
 
 An agent-server in a sandbox with ``network="none"`` has only its own loopback; it
-needs to reach its LLM. ``Egress`` runs one program in the sandbox that listens on
-127.0.0.1:PORT inside (the LLM's port, say) and multiplexes every connection made to it
-over its stdio (``Sandbox.stream``, so the sandbox gains no network); the host opens a
-connection to the target it was given for each. Only those targets are reachable,
-nothing else. (The way in is the backend's port exposure, ``Sandbox.endpoint``.)
+needs to reach its LLM. A *relay* (``RELAY``, run with the image's ``python3``) starts
+with the agent-server, at boot: it listens on 127.0.0.1:PORT inside for every forwarded
+port (the LLM's, say) and on a control port of its own, whose number it writes to a
+file. At hand-out, ``Egress`` connects to the control port through the backend's port
+exposure (``Sandbox.endpoint``: the sandbox gains no network) and carries every
+connection made inside over that one stream; the host opens a connection to the target
+it was given for each. Only those targets are reachable, nothing else. Booting the relay
+with the agent-server keeps a Python start (tens of milliseconds) off the hand-out.
 
-The in-sandbox program needs a ``python3`` in the image (every agent-server image has
-one). Frames on its stdio: ``!IBI`` (connection id, kind, length) + payload; kinds OPEN
-(sandbox to host), DATA, EOF (half-close), CLOSE.
+Frames, both ways: ``!IBI`` (connection id, kind, length) + payload; kinds OPEN (sandbox
+to host; id 0 announces a listening port), DATA, EOF (half-close), CLOSE. The relay is
+code in the sandbox, so the host treats what comes from it as hostile: a frame that is
+too long or malformed ends the egress, an OPEN for a port it was not given is closed,
+and what waits for a slow target is bounded.
 """
 
 from __future__ import annotations
@@ -18,26 +23,21 @@ import asyncio
 import contextlib
 import struct
 
-from rollbox.errors import RollboxError
-from rollbox.sandbox import Process, Sandbox
+from rollbox.errors import CreateFailedError
+from rollbox.sandbox import Sandbox
 
-FOREVER_S = 365 * 24 * 3600.0
-NO_CAP = 2**62
-PYTHON = "python3"
-
-_MUX = r"""
+RELAY = r"""
 import itertools, os, socket, struct, sys, threading
 H = struct.Struct("!IBI")
 OPEN, DATA, EOF, CLOSE = range(4)
 lock = threading.Lock()
-conns = {}
+conns, done = {}, {}
 def send(cid, kind, data=b""):
-    frame = H.pack(cid, kind, len(data)) + data
-    with lock:
-        v = memoryview(frame)
-        while v:
-            v = v[os.write(1, v):]
-done = {}
+    try:
+        with lock:
+            host.sendall(H.pack(cid, kind, len(data)) + data)
+    except OSError:
+        os._exit(0)
 def finish(cid, c):
     with lock:
         done[cid] = done.get(cid, 0) + 1
@@ -65,15 +65,21 @@ def accept(srv, port):
         conns[n] = c
         send(n, OPEN, port.encode())
         threading.Thread(target=pump, args=(n, c), daemon=True).start()
-for port in sys.argv[1:]:
-    srv = socket.create_server(("127.0.0.1", int(port)))
+listeners = [(socket.create_server(("127.0.0.1", int(p))), p) for p in sys.argv[2:]]
+control = socket.create_server(("127.0.0.1", 0))
+with open(sys.argv[1] + ".new", "w") as f:
+    f.write(str(control.getsockname()[1]))
+os.rename(sys.argv[1] + ".new", sys.argv[1])
+host, _ = control.accept()
+control.close()
+for srv, port in listeners:
     threading.Thread(target=accept, args=(srv, port), daemon=True).start()
     send(0, OPEN, port.encode())
 buf = b""
 def read(n):
     global buf
     while len(buf) < n:
-        d = os.read(0, 65536)
+        d = host.recv(65536)
         if not d:
             os._exit(0)
         buf += d
@@ -98,83 +104,99 @@ while True:
         conns.pop(cid, None)
         c.close()
 """
+"""The relay: ``python3 -I -S -c RELAY PORT_FILE PORT...`` (writes its control port to
+PORT_FILE once every port listens; serves the first connection to it, exits when that
+connection ends)."""
 
 _HEADER = struct.Struct("!IBI")
 _OPEN, _DATA, _EOF, _CLOSE = range(4)
+MAX_FRAME = 1 << 20
+"""The relay sends at most 64 KiB a frame: anything longer is not the relay."""
+QUEUED_FRAMES = 64
+"""Per connection, frames from the sandbox waiting for a slow target."""
+HELLO_TIMEOUT_S = 30.0
 
 
 class Egress:
-    """``ports`` inside ``sandbox`` (127.0.0.1) lead to ``targets[port]`` = (host, port)
-    on the host's side, and nowhere else."""
+    """``targets[port]`` = (host, port) on the host's side, reached from 127.0.0.1:port
+    inside ``sandbox`` through the relay listening on ``control_port`` there."""
 
-    def __init__(self, sandbox: Sandbox, targets: dict[int, tuple[str, int]]) -> None:
+    def __init__(self, sandbox: Sandbox, targets: dict[int, tuple[str, int]],
+                 control_port: int) -> None:
         self.sandbox = sandbox
         self.targets = dict(targets)
-        self._process: Process | None = None
+        self.control_port = control_port
+        self._writer: asyncio.StreamWriter | None = None
         self._task: asyncio.Task[None] | None = None
         self._queues: dict[int, asyncio.Queue[tuple[int, bytes]]] = {}
         self._pumps: set[asyncio.Task[None]] = set()
         self._send_lock = asyncio.Lock()
-        self._listening: asyncio.Event = asyncio.Event()
-        self._ports_seen = 0
+        self._listening: set[int] = set()
+        self._all_listen = asyncio.Event()
 
     async def start(self) -> None:
-        """Start the in-sandbox listener; returns once every port listens."""
-        self._process = await self.sandbox.stream(
-            [PYTHON, "-I", "-S", "-c", _MUX, *map(str, self.targets)], timeout=FOREVER_S,
-            output_limit=NO_CAP)
-        self._task = asyncio.create_task(self._read())
-        await asyncio.wait_for(self._listening.wait(), 30)
+        """Connect to the relay; returns once it says every port listens."""
+        endpoint = await self.sandbox.endpoint(self.control_port)
+        reader, self._writer = await asyncio.open_connection(endpoint.host, endpoint.port)
+        self._task = asyncio.create_task(self._read(reader))
+        hello = asyncio.ensure_future(self._all_listen.wait())
+        await asyncio.wait({hello, self._task}, timeout=HELLO_TIMEOUT_S,
+                           return_when=asyncio.FIRST_COMPLETED)
+        hello.cancel()
+        if not self._all_listen.is_set():
+            raise CreateFailedError(
+                f"the LLM relay in sandbox {self.sandbox.id} (port {self.control_port}) did "
+                f"not announce ports {sorted(self.targets)} within {HELLO_TIMEOUT_S}s",
+                sandbox_id=self.sandbox.id)
 
     async def close(self) -> None:
-        if self._process is not None:
-            with contextlib.suppress(RollboxError, OSError):
-                await self._process.send_signal(9)
-        for task in [*self._pumps, *([self._task] if self._task else [])]:
+        if self._writer is not None:
+            self._writer.close()
+        tasks = [*self._pumps, *([self._task] if self._task else [])]
+        for task in tasks:
             task.cancel()
-        await asyncio.gather(*self._pumps, *([self._task] if self._task else []),
-                             return_exceptions=True)
+        await asyncio.gather(*tasks, return_exceptions=True)
 
     async def _send(self, cid: int, kind: int, data: bytes = b"") -> None:
-        assert self._process is not None
+        assert self._writer is not None
         async with self._send_lock:
-            await self._process.write_stdin(_HEADER.pack(cid, kind, len(data)) + data)
+            self._writer.write(_HEADER.pack(cid, kind, len(data)) + data)
+            await self._writer.drain()
 
-    async def _read(self) -> None:
-        assert self._process is not None
-        buffer = b""
-        async for chunk in self._process:
-            if chunk.stream != "stdout":
-                continue
-            buffer += chunk.data
-            while len(buffer) >= _HEADER.size:
-                cid, kind, size = _HEADER.unpack_from(buffer)
-                if len(buffer) < _HEADER.size + size:
-                    break
-                data = buffer[_HEADER.size:_HEADER.size + size]
-                buffer = buffer[_HEADER.size + size:]
+    async def _read(self, reader: asyncio.StreamReader) -> None:
+        with contextlib.suppress(asyncio.IncompleteReadError, OSError, ValueError):
+            while True:
+                cid, kind, size = _HEADER.unpack(await reader.readexactly(_HEADER.size))
+                if size > MAX_FRAME:
+                    raise ValueError(f"a frame of {size} bytes")
+                data = await reader.readexactly(size) if size else b""
+                port = int(data) if kind == _OPEN and data.isdigit() else None
                 if cid == 0:  # a port listens
-                    self._ports_seen += 1
-                    if self._ports_seen == len(self.targets):
-                        self._listening.set()
-                elif kind == _OPEN:
-                    queue: asyncio.Queue[tuple[int, bytes]] = asyncio.Queue()
+                    if port in self.targets:
+                        self._listening.add(port)
+                    if self._listening == set(self.targets):
+                        self._all_listen.set()
+                elif kind == _OPEN and cid not in self._queues:
+                    if port not in self.targets:
+                        await self._send(cid, _CLOSE)
+                        continue
+                    queue: asyncio.Queue[tuple[int, bytes]] = asyncio.Queue(QUEUED_FRAMES)
                     self._queues[cid] = queue
-                    self._spawn(self._connection(cid, int(data), queue))
+                    self._spawn(self._connection(cid, self.targets[port], queue))
                 elif cid in self._queues:
-                    self._queues[cid].put_nowait((kind, data))
+                    await self._queues[cid].put((kind, data))
 
     def _spawn(self, coroutine: object) -> None:
         task: asyncio.Task[None] = asyncio.create_task(coroutine)  # type: ignore[arg-type]
         self._pumps.add(task)
         task.add_done_callback(self._pumps.discard)
 
-    async def _connection(self, cid: int, port: int,
+    async def _connection(self, cid: int, target: tuple[str, int],
                           queue: asyncio.Queue[tuple[int, bytes]]) -> None:
-        """One connection made inside to ``port``, carried to its target."""
+        """One connection made inside, carried to ``target``."""
         try:
-            reader, writer = await asyncio.open_connection(*self.targets[port])
-        except (OSError, KeyError):
+            reader, writer = await asyncio.open_connection(*target)
+        except OSError:
             self._queues.pop(cid, None)
             await self._send(cid, _CLOSE)
             return
