@@ -304,6 +304,27 @@ async def test_close_while_a_standby_boots_leaves_nothing(backend: LocalBackend)
     assert list((backend.state_dir / "sandboxes").iterdir()) == []
 
 
+async def test_a_cancelled_close_still_stops_every_process(backend: LocalBackend) -> None:
+    """A caller cancelled mid-close (a timeout around it, a task group unwinding) must not
+    leave the sandbox marked closed with its processes running: the teardown finishes,
+    and a second close waits for it (the Kubernetes emulator's shutdown cancelled its
+    pods' closes this way, and its backend then waited 2 s per sandbox to kill them)."""
+    sandbox = await backend.create(HOST)
+    await sandbox.exec("true")
+    while sandbox._standby is None:  # noqa: ASYNC110 (caught within a millisecond of starting)
+        await asyncio.sleep(0.001)
+    assert sandbox._current is not None and sandbox._current.agent is not None
+    agent = sandbox._current.agent.pid
+    closing = asyncio.ensure_future(sandbox.close())
+    await asyncio.sleep(0)  # it has begun: waiting for the standby to finish booting
+    closing.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await closing
+    await sandbox.close()
+    assert not Path(f"/proc/{agent}").exists()
+    assert await backend.leftovers() == []
+
+
 # -- snapshots and forks -------------------------------------------------------------------------
 
 

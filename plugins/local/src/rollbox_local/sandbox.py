@@ -90,6 +90,7 @@ class LocalSandbox(Sandbox):
         self._request_ids = itertools.count(1)
         self._standby_due = False
         self._closed = False
+        self._teardown: asyncio.Future[None] | None = None
         self._retiring: set[Generation] = set()
         self.files = FileOps(self)
         self.ports = PortRelays(sandbox_id, self.open_port)
@@ -196,9 +197,15 @@ class LocalSandbox(Sandbox):
             self.backend.discard(old)
 
     async def close(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
+        """Stop every generation. The teardown runs to its end even if the caller is
+        cancelled (a cancelled close must not leave the processes running and the
+        sandbox marked closed); a second close waits for the same teardown."""
+        if self._teardown is None:
+            self._closed = True
+            self._teardown = asyncio.ensure_future(self._tear_down())
+        await asyncio.shield(self._teardown)
+
+    async def _tear_down(self) -> None:
         await self.ports.aclose()
         for old in list(self._retiring):
             self._retire(old)
