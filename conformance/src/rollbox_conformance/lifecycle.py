@@ -70,6 +70,21 @@ class LifecycleTests(BackendTestBase):
         leaked = sorted(set(await self.leak_check(backend)) - before)
         assert leaked == [], f"left behind after close: {leaked}"
 
+    async def test_a_cancelled_close_still_leaves_nothing(self, backend: Backend) -> None:
+        """A caller cancelled mid-close (a timeout around it, a task group unwinding) must
+        not leave the sandbox's resources behind a sandbox that counts as closed."""
+        before = set(await self.leak_check(backend))
+        sandbox = await backend.create(self.spec)
+        assert (await sandbox.exec(["true"], timeout=30)).ok
+        closing = asyncio.ensure_future(sandbox.close())
+        await asyncio.sleep(0)  # it has begun
+        closing.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await closing
+        await sandbox.close()  # waits for what the first close began, if anything
+        leaked = sorted(set(await self.leak_check(backend)) - before)
+        assert leaked == [], f"left behind after a cancelled close: {leaked}"
+
     async def test_backend_aclose_closes_what_is_still_open(self, backend: Backend) -> None:
         before = set(await self.leak_check(backend))
         sandboxes = await self.open_sandboxes(backend, 2)

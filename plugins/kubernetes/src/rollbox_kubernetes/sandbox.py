@@ -133,6 +133,7 @@ class KubeSandbox(Sandbox):
         self.base_env = base_env
         self.base_mode = ""
         self.closed = False
+        self._release: asyncio.Future[None] | None = None
         self.lost = False
         self.processes: set[PodProcess] = set()
         # Set by transport.attach when the in-sandbox HTTP runtime answers: commands
@@ -348,9 +349,12 @@ class KubeSandbox(Sandbox):
         return await self.backend.transports.endpoint(self, self.backend.client, port)
 
     async def close(self) -> None:
-        if self.closed:
-            return
-        self.closed = True
-        for process in list(self.processes):
-            process.abort()
-        await self.backend.release(self)
+        """Release the sandbox's object. The release runs to its end even if the caller
+        is cancelled (else the claim, Sandbox or pod outlived a sandbox marked closed);
+        a second close waits for the same release."""
+        if self._release is None:
+            self.closed = True
+            for process in list(self.processes):
+                process.abort()
+            self._release = asyncio.ensure_future(self.backend.release(self))
+        await asyncio.shield(self._release)
