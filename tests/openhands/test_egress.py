@@ -5,10 +5,8 @@ forwarded port reaches its host target and nothing else does, and a relay that l
 from __future__ import annotations
 
 import asyncio
-import shutil
 import struct
-import tempfile
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -30,19 +28,8 @@ print(s.recv(100).decode())
 
 
 @pytest.fixture
-def state() -> Iterator[Path]:
-    """World-searchable (the sandbox user must reach the local backend's state)."""
-    path = Path(tempfile.mkdtemp(prefix="rollbox-egress-"))
-    path.chmod(0o711)
-    try:
-        yield path
-    finally:
-        shutil.rmtree(path, ignore_errors=True)
-
-
-@pytest.fixture
-async def sandbox(state: Path) -> AsyncIterator[Sandbox]:
-    async with LocalBackend(state_dir=state) as backend:
+async def sandbox(searchable_dir: Path) -> AsyncIterator[Sandbox]:
+    async with LocalBackend(state_dir=searchable_dir) as backend:
         sandbox = await backend.create(SandboxSpec(image="host", network=Network.NONE))
         try:
             yield sandbox
