@@ -321,8 +321,12 @@ async def test_a_cancelled_close_still_stops_every_process(backend: LocalBackend
     with pytest.raises(asyncio.CancelledError):
         await closing
     await sandbox.close()
-    assert not Path(f"/proc/{agent}").exists()
+    assert not _exists(f"/proc/{agent}")
     assert await backend.leftovers() == []
+
+
+def _exists(path: str) -> bool:
+    return Path(path).exists()
 
 
 # -- snapshots and forks -------------------------------------------------------------------------

@@ -38,6 +38,9 @@ from rollbox_serve.metrics import WindowMetrics
 from rollbox_serve.registry import Held, Registry
 
 log = logging.getLogger("rollbox.serve")
+SHUTDOWN_GRACE_S = 1.0
+"""How long requests in flight get to finish when the server stops, before their
+sandboxes are closed under them (a command running then ends with the sandbox)."""
 
 
 class _QuietBadRequests(logging.Filter):
@@ -114,7 +117,7 @@ class Server:
         address = listen if isinstance(listen, Address) else Address.parse(listen)
         logging.getLogger("aiohttp.server").addFilter(_QUIET)
         runner = web.AppRunner(self.app, access_log=None, handle_signals=False,
-                               shutdown_timeout=5.0)
+                               shutdown_timeout=SHUTDOWN_GRACE_S)
         await runner.setup()
         site: web.BaseSite
         if address.scheme == "unix":
