@@ -541,6 +541,21 @@ def _become_agent(req: dict[str, Any], channel: int) -> None:
 FORWARDED = ("exec", "read", "write", "connect")
 
 
+def _rehearsal_fds() -> list[int]:
+    """Stand-ins for an exec request's stdin, stdout, stderr and status."""
+    stdin_r, stdin_w = os.pipe2(os.O_CLOEXEC)
+    out_r, out_w = os.pipe2(os.O_CLOEXEC)
+    return [stdin_r, stdin_w, out_r, out_w]
+
+
+def _send_rehearsal(sock: socket.socket, fds: list[int]) -> None:
+    """An exec request of ``WARM_UP_PATH`` on ``sock``, with ``fds`` as its stdio."""
+    request = {"op": "exec", "id": REHEARSAL, "argv": [WARM_UP_PATH], "env": {}, "cwd": "/"}
+    stdio = [fds[0], fds[3], fds[3], fds[3]]  # stdin; stdout, stderr, status: one pipe
+    sock.sendmsg([json.dumps(request).encode()],
+                 [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", stdio).tobytes())])
+
+
 REHEARSAL = -1
 """The id of the agent's own request at boot (``Agent.rehearse``)."""
 WARM_UP_PATH = "/.rollbox-warm-up"
@@ -602,35 +617,33 @@ class Agent:
                     return
 
     def rehearse(self) -> None:
-        """Serve one request that runs nothing, through the whole path, before saying
-        ready. The agent and its spare helper were just forked, so a first request
-        writes to pages they still share with their parents: ~170 copy-on-write faults,
-        half a millisecond of CPU, paid here, while the generation boots (a standby
-        boots in the background at a low CPU weight), not by the sandbox's first
-        command."""
-        backend = self.sock
-        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        stdin_r, stdin_w = os.pipe2(os.O_CLOEXEC)
-        out_r, out_w = os.pipe2(os.O_CLOEXEC)
-        st_r, st_w = os.pipe2(os.O_CLOEXEC)
+        """Walk the agent's request path once before saying ready, against stand-ins (a
+        socket pair for the backend, another for a helper). The agent was just forked:
+        its first request writes to pages it still shares with the zygote (~90
+        copy-on-write faults), paid here, while the generation boots, not by the
+        sandbox's first command. No other process takes part, so the boot waits on no
+        other process's turn on the CPU (a standby boots at a low CPU weight); the spare
+        helper warms itself meanwhile (``Helper.warm_up``)."""
+        backend, spares = self.sock, self.idle
+        requests, orders = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        stand_in, helper_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        fds = _rehearsal_fds()
         try:
-            request = {"op": "exec", "id": REHEARSAL, "argv": [WARM_UP_PATH], "env": {},
-                       "cwd": "/"}
-            theirs.sendmsg([json.dumps(request).encode()],
-                           [(socket.SOL_SOCKET, socket.SCM_RIGHTS,
-                             array.array("i", [stdin_r, out_w, out_w, st_w]).tobytes())])
-            self.sock = ours
-            self.handle()
+            _send_rehearsal(orders, fds)
+            self.sock, self.idle = requests, [HelperRef(-1, stand_in)]
+            self.handle()  # parsed and handed to the stand-in
             ref = self.jobs.get(REHEARSAL)
             if ref is not None:
-                self.helper_says(ref)  # blocks until the helper is idle again
+                helper_end.send(b"idle")
+                self.helper_says(ref)
         except OSError:
             pass
         finally:
-            self.sock = backend
-            ours.close()
-            theirs.close()
-            _close(stdin_r, stdin_w, out_r, out_w, st_r, st_w)
+            self.sock, self.idle = backend, spares
+            self.jobs.pop(REHEARSAL, None)
+            for sock in (requests, orders, stand_in, helper_end):
+                sock.close()
+            _close(*fds)
 
     def fork_helper(self) -> HelperRef:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
@@ -821,15 +834,23 @@ class Helper:
             _close(*fds)  # a malformed request from the backend: nothing to answer on
 
     def warm_up(self) -> None:
-        """Walk the spawn and watch paths once before the request: a fresh fork pays its
-        copy-on-write page faults here rather than inside the first command's latency."""
-        r, w = os.pipe2(os.O_CLOEXEC)
+        """Walk the request path once before serving, on a stand-in request (received
+        from a socket pair, parsed, its spawn failing, its status written, its watch
+        ending at once): a fresh fork pays its copy-on-write page faults here rather
+        than inside the first command's latency."""
+        orders, requests = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        fds = _rehearsal_fds()
         try:
-            _spawn({"argv": [WARM_UP_PATH], "env": {}, "cwd": "/"}, [r, w, w])
-        except OSError:
-            self.watch(REHEARSAL, 0, w)  # no child: returns at once
+            _send_rehearsal(orders, fds)
+            msg, received = _recv(requests)
+            self.handle(json.loads(msg), received)  # closes what it received
+            self.watch(REHEARSAL, 0, fds[-1])  # no child: returns at once
+        except (OSError, ValueError):
+            pass
         finally:
-            _close(r, w)
+            orders.close()
+            requests.close()
+            _close(*fds)
 
     def exec(self, req: dict[str, Any], fds: list[int]) -> None:
         stdio, status = fds[:3], fds[3]
