@@ -558,6 +558,9 @@ def _send_rehearsal(sock: socket.socket, fds: list[int]) -> None:
 
 REHEARSAL = -1
 """The id of the agent's own request at boot (``Agent.rehearse``)."""
+NO_PROCESS = 0x7FFFFFFF
+"""The stand-in helper's pid: above any pid_max, so a signal meant for it reaches nobody
+(-1 or 0 would reach every process of the sandbox, or the agent's group)."""
 WARM_UP_PATH = "/.rollbox-warm-up"
 """Run by the rehearsal and by each helper's warm-up: a path no image has (it fails)."""
 MAX_IDLE_HELPERS = 2
@@ -630,7 +633,7 @@ class Agent:
         fds = _rehearsal_fds()
         try:
             _send_rehearsal(orders, fds)
-            self.sock, self.idle = requests, [HelperRef(-1, stand_in)]
+            self.sock, self.idle = requests, [HelperRef(NO_PROCESS, stand_in)]
             self.handle()  # parsed and handed to the stand-in
             ref = self.jobs.get(REHEARSAL)
             if ref is not None:
