@@ -6,6 +6,10 @@ A test that opens the local backend or the image store with their defaults then 
 touches the user's store (images imported from pytest's temporary directories used to
 stay listed in ``rollbox images ls`` after a run). Tests that need a directory of their
 own still make one (``state_dir``, ``tmp_path``).
+
+The tests of tests/cluster run last: their control plane (a session fixture) then runs
+only while they do, not beside every later test, and on a fresh machine its Go build
+(started in the background by .ci/run) has the rest of the suite's time to finish.
 """
 
 from __future__ import annotations
@@ -31,6 +35,11 @@ def pytest_configure(config: pytest.Config) -> None:
     os.chmod(home, 0o711)  # run as root, sandboxes run as another user who must reach it
     config.stash[_SESSION_HOME_KEY] = home
     os.environ["ROLLBOX_HOME"] = home
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    cluster = config.rootpath / "tests" / "cluster"
+    items.sort(key=lambda item: item.path.is_relative_to(cluster))  # stable: order kept
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
