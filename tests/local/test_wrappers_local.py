@@ -70,3 +70,11 @@ async def test_chaos_backend_reports_the_real_leftovers_and_checks(
     assert checks and [d.check for d in checks] == [
         d.check for d in await asyncio.to_thread(LocalBackend.doctor)]
     assert chaos.capabilities == backend.capabilities
+
+
+async def test_preparing_a_chaos_sandbox_starts_the_real_agent(backend: LocalBackend) -> None:
+    async with await ChaosBackend(backend).create(SandboxSpec(image="host")) as sandbox:
+        generation = sandbox.inner._current  # type: ignore[attr-defined]
+        assert generation.agent is None, "create starts no agent: prepare() is what does"
+        await sandbox.prepare()
+        assert generation.agent is not None, "prepare() did not reach the local sandbox"

@@ -133,6 +133,9 @@ class SandboxSpec:
     output_limit_bytes: int = 4 * MiB
     reset_command: str | None = None
     labels: Mapping[str, str] = field(default_factory=FrozenMap)
+    """The caller's own tags (a harness name, a task id): part of the pool key, so
+    sandboxes of differently labelled specs are never swapped, and acted on by no
+    backend (nothing is enforced through them, so no backend refuses them)."""
     entrypoint: tuple[str, ...] | None = None
     """A long-running command (argv) that every fresh sandbox starts before it is handed
     out, and starts again after each reset: a service such as an agent-server. It runs in

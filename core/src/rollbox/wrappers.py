@@ -11,8 +11,8 @@ wrapper subclasses one of these two bases and overrides only what it changes:
             self.count += 1
             return await super().run(request)
 
-``SandboxWrapper`` forwards every method a backend implements (``FORWARDED``) and
-``base_env``; ``exec``, ``stream`` and ``request`` (``BUILT_ON_TOP``) are not forwarded
+``SandboxWrapper`` forwards every method a backend implements, and ``base_env``;
+``exec``, ``stream`` and ``request`` (``BUILT_ON_TOP``) are not forwarded
 but run on the wrapper, so they reach the inner sandbox through the wrapper's own
 ``run``/``start`` and the wrapper sees every command. Attributes outside the contract
 (a backend's extras, e.g. ``LocalSandbox.open_port``) are looked up on the inner object.
