@@ -20,6 +20,8 @@ from rollbox.errors import (
 )
 from rollbox.spec import SandboxSpec
 from rollbox_kubernetes import KubernetesBackend, render
+from rollbox_kubernetes.podexec import ExecOutput
+from rollbox_kubernetes.runtime_http import RuntimeHttp
 from rollbox_kubernetes.sandbox import KubeSandbox
 from rollbox_kubernetes.testing import ApiServerEmulator
 from rollbox_kubernetes.testing.runtime import SandboxRouter
@@ -210,7 +212,7 @@ async def test_a_runtime_that_cannot_run_commands_is_not_used(local_state: Path,
     """It answers GET / but kills every command at once (its own time limit): auto
     falls back to pod exec, http refuses to create, saying why."""
     async with ApiServerEmulator(LocalBackend(state_dir=local_state), http_runtime=True,
-                                 runtime_exec_timeout_s=0.001) as emu:
+                                 runtime_exec_timeout_s=0) as emu:
         auto = KubernetesBackend(host=emu.url, run_id="auto", warm_replicas=0)
         strict = KubernetesBackend(host=emu.url, run_id="strict", warm_replicas=0,
                                    transport="http", runtime_wait_s=0.3)
@@ -218,6 +220,40 @@ async def test_a_runtime_that_cannot_run_commands_is_not_used(local_state: Path,
             async with await auto.create(spec) as sandbox:
                 assert (await sandbox.exec("echo hi")).stdout == b"hi\n"
             assert execs(auto) >= 2
+            with pytest.raises(BackendUnavailableError, match="its own limit"):
+                await strict.create(spec)
+            assert await strict.leftovers() == []
+        finally:
+            await auto.aclose()
+            await strict.aclose()
+
+
+async def test_a_runtime_that_passes_its_probe_but_kills_real_commands_is_not_used(
+        local_state: Path, spec: SandboxSpec, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The same runtime, had its probe's ``pwd`` finished inside the limit (with a 1 ms
+    limit the test above failed 2-3 times in 20 on that): the first real command (the
+    reset baseline) is killed at the runtime's own limit, and the create still falls
+    back to pod exec under auto, or says why under http."""
+    real_probe = RuntimeHttp.probe
+
+    async def passing_probe(self: RuntimeHttp, timeout_s: float) -> bool:
+        with monkeypatch.context() as patched:  # the probe's command runs unlimited
+            patched.setattr(self, "_runtime_failure", lambda *_: ExecOutput(
+                0, f"{self.sandbox.spec.workdir}\n".encode(), b"", False, False))
+            await real_probe(self, timeout_s)
+        self.base_dir = self.sandbox.spec.workdir
+        return True
+
+    monkeypatch.setattr(RuntimeHttp, "probe", passing_probe)
+    async with ApiServerEmulator(LocalBackend(state_dir=local_state), http_runtime=True,
+                                 runtime_exec_timeout_s=0) as emu:
+        auto = KubernetesBackend(host=emu.url, run_id="auto", warm_replicas=0)
+        strict = KubernetesBackend(host=emu.url, run_id="strict", warm_replicas=0,
+                                   transport="http", runtime_wait_s=0.3)
+        try:
+            async with await auto.create(spec) as sandbox:
+                assert sandbox.runtime is None  # type: ignore[attr-defined]
+                assert (await sandbox.exec("echo hi")).stdout == b"hi\n"
             with pytest.raises(BackendUnavailableError, match="its own limit"):
                 await strict.create(spec)
             assert await strict.leftovers() == []

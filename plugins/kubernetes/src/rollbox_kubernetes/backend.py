@@ -56,6 +56,7 @@ from rollbox_kubernetes.resources import (
     namespace_problem,
     run_id_problem,
 )
+from rollbox_kubernetes.runtime_http import RuntimeLimitError
 from rollbox_kubernetes.sandbox import KubeSandbox
 from rollbox_kubernetes.status import ClaimState, claim_state, pod_problem, pod_ready, sandbox_state
 from rollbox_kubernetes.transport import TransportOptions, Transports
@@ -195,7 +196,13 @@ class KubernetesBackend(Backend):
                         sandbox = await self._create_claim(spec, key, pool)
                 try:
                     await self.transports.attach(sandbox, self.client)
-                    await sandbox.remember_base()
+                    try:
+                        await sandbox.remember_base()
+                    except RuntimeLimitError as error:
+                        # The runtime passed its probe (a quick `pwd`) but kills real
+                        # commands at its own limit: pod exec instead, or under "http" none.
+                        self.transports.refuse_runtime(sandbox, error)
+                        await sandbox.remember_base()
                 except BaseException:
                     await self.release(sandbox)
                     raise

@@ -83,6 +83,10 @@ exit $c
 """
 
 
+class RuntimeLimitError(ExecTimeoutError):
+    """The runtime killed a command at its own time limit, before rollbox's timeout."""
+
+
 class RuntimeGone(Exception):
     """The runtime did not answer (nothing was sent, or nothing came back)."""
 
@@ -224,7 +228,7 @@ class RuntimeHttp:
         """The runtime refused or killed the command itself."""
         limit = re.search(r"timed out after [0-9.]+ seconds", stderr)
         if limit is not None:
-            raise ExecTimeoutError(
+            raise RuntimeLimitError(
                 f"the sandbox runtime killed the command at its own limit ({limit[0]}), "
                 f"before rollbox's {timeout_s}s; raise SANDBOX_EXEC_TIMEOUT_SECONDS in the "
                 "image, or set the backend's runtime_max_timeout_s to that limit so longer "

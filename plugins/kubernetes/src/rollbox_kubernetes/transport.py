@@ -27,7 +27,7 @@ from collections import Counter
 from dataclasses import dataclass
 
 import aiohttp
-from rollbox.errors import BackendUnavailableError, InvalidSpecError
+from rollbox.errors import BackendUnavailableError, InvalidSpecError, SandboxError
 from rollbox.sandbox import Endpoint
 
 from rollbox_kubernetes.client import ApiError, KubeClient
@@ -110,6 +110,17 @@ class Transports:
                 f"runtime API on port {opts.port} (examples/python-runtime-sandbox), "
                 "reachable from this process (run inside the cluster, or pass runtime_url= "
                 "a sandbox router); or use transport='auto' or 'exec'")
+
+    def refuse_runtime(self, sandbox: KubeSandbox, error: SandboxError) -> None:
+        """``sandbox``'s runtime answered its probe but could not run a real command
+        (``error``): under ``"auto"`` its commands go through pod exec from now on; under
+        ``"http"`` there is no other way, so BackendUnavailableError says why."""
+        if self.options.transport == "http":
+            raise BackendUnavailableError(
+                f"transport='http': the sandbox runtime of pod {sandbox.pod} cannot run "
+                f"rollbox's commands ({error.message}); use transport='auto' or 'exec'"
+            ) from error
+        sandbox.runtime = None
 
     def _runtime_for(self, sandbox: KubeSandbox) -> RuntimeHttp | None:
         opts = self.options

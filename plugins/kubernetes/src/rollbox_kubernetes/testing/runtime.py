@@ -36,6 +36,8 @@ class SandboxRuntime:
 
     def __init__(self, sandbox: Sandbox, *, base_dir: str, exec_timeout_s: float = 300.0
                  ) -> None:
+        """``exec_timeout_s``: the runtime's own limit on a command; 0 kills every one
+        at once (a limit of a millisecond still lets a quick command finish)."""
         self.sandbox = sandbox
         self.base_dir = base_dir
         self.exec_timeout_s = exec_timeout_s
@@ -124,6 +126,8 @@ class SandboxRuntime:
             return failed(str(exc))
         if not argv:
             return failed("list index out of range")
+        if self.exec_timeout_s <= 0:  # a runtime that kills every command at once
+            return failed(f"Command {argv!r} timed out after 0 seconds")
         try:
             result = await self.sandbox.exec(argv, cwd=self.base_dir,
                                              timeout=self.exec_timeout_s,
