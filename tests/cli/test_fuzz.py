@@ -35,7 +35,7 @@ BAD_TEXT = ["", " ", "-", "--", "=", ":", "a=b=c", "BAD_ID!", "Ünïcödé", "x"
             "$(touch pwned)", "'", "\x01"]
 
 ENV_POOL = {
-    "ROLLBOX_BACKEND": ["nonsense", "fake", "kubernetes", " ", "LOCAL"],
+    "ROLLBOX_BACKEND": ["nonsense", "fake", "kubernetes", "remote", " ", "LOCAL"],
     "ROLLBOX_HOME": ["{scratch}/missing/home", "relative/home", "/etc/hostname/x", "/proc/x",
                      " "],
     "ROLLBOX_SANDBOX_UID": ["abc", "0", "-1", "4294967295", "1e3", "99999999999", " "],
@@ -45,6 +45,15 @@ ENV_POOL = {
     "ROLLBOX_BWRAP": ["/bin/true", "/nonexistent", "/etc/hostname", " "],
     "ROLLBOX_K8S_NAMESPACE": ["Bad NS", "x" * 70, " "],
     "ROLLBOX_RUN_ID": ["BAD!", "x" * 40, " "],
+    "ROLLBOX_CGROUPS": ["bogus", "on", "off", " "],
+    # The remote backend's: addresses on loopback or none (no name lookups, no traffic
+    # off this machine), tokens and certificates that cannot work.
+    "ROLLBOX_URL": ["http://[::1", "ftp://x", "unix:relative.sock",
+                    "unix:{scratch}/missing.sock", "http://127.0.0.1:1", "https://127.0.0.1:1",
+                    "http://127.0.0.1:1/path", " "],
+    "ROLLBOX_TOKEN": ["", " ", "\x01", "x" * 5000],
+    "ROLLBOX_TOKEN_FILE": ["{scratch}/missing", "{scratch}", "{scratch}/file.txt", " "],
+    "ROLLBOX_CA": ["{scratch}/file.txt", "{scratch}/missing.pem", "{scratch}", " "],
 }
 
 COMMANDS = [["true"], ["echo", "fuzz"], [""], ["sh", "-c", "exit 3"], ["/nonexistent"],
@@ -89,7 +98,8 @@ def _value(action: argparse.Action, rng: random.Random, scratch: Path) -> str:
                            "docker.io/library/python:3.12", str(scratch / "garbage.tar"),
                            "oci:" + str(scratch), "dir:/nonexistent"])
     if any(word in metavar for word in ("host", "url")):
-        return rng.choice(["notaurl", "http://[::1", "ftp://x", ""])
+        return rng.choice(["http://127.0.0.1:1", "unix:relative.sock", "http://[::1",
+                           "ftp://x", ""])
     return rng.choice(BAD_NUMBERS + BAD_TEXT)
 
 

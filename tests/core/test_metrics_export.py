@@ -44,8 +44,9 @@ def test_no_import_cost_without_use() -> None:
 def test_missing_package_names_the_extra(monkeypatch: pytest.MonkeyPatch, cls: type,
                                          module: str, extra: str) -> None:
     monkeypatch.setitem(sys.modules, module, None)
-    with pytest.raises(MissingExtraError, match=rf'pip install "rollbox\[{extra}\]"'):
+    with pytest.raises(MissingExtraError, match=rf'pip install "rollbox\[{extra}\]"') as missing:
         cls()
+    assert f"uv sync --inexact --extra {extra}" in missing.value.message  # in a checkout
 
 
 async def test_prometheus_counts_rollouts() -> None:

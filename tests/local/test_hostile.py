@@ -240,6 +240,18 @@ async def test_five_hundred_timeouts_then_execs_lose_no_sandbox(backend: LocalBa
             await box.close()
 
 
+@pytest.mark.slow
+async def test_a_fresh_sandboxs_first_timeout_does_not_take_it(backend: LocalBackend) -> None:
+    """Issue 17's repro, on fresh sandboxes (where 8-22 % of them were lost): create, a
+    command, a shell-string command that times out, then one that must answer."""
+    for i in range(50):
+        async with await backend.create(HOST) as box:
+            assert (await box.exec("true")).ok
+            with pytest.raises(ExecTimeoutError):
+                await box.exec("sleep 1", timeout=(0.001, 0.01, 0.1, 0.3)[i % 4])
+            assert (await box.exec("echo alive", timeout=30)).text == "alive\n", i
+
+
 async def test_a_timeout_kills_exactly_the_timed_out_commands_tree(sandbox: LocalSandbox) -> None:
     daemon = "(setsid sh -c 'echo $$ > /tmp/{name}; exec sleep 300' > /dev/null 2>&1 &)"
     # B starts a daemon of its own, then hangs until its timeout...
