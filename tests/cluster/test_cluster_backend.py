@@ -180,13 +180,10 @@ async def test_the_api_servers_own_429s_are_waited_out(
         backend = make_backend(kubeconfig=str(kubeconfig), transport="exec", qps=1000,
                                burst=1000)
         first = await backend.create(SPEC)  # the backend's client is open from here
-        # The burst: creates among listings through the same client. On a quiet machine
-        # a dozen creates alone can pass two seats without ever overlapping (CI saw no
-        # 429 once); some 130 requests at once cannot.
-        # Load beside the creates: listings of the same user, each sent once and never
-        # retried (threads), so they take the two seats as the creates start and then go.
-        # Through the backend's own client they retried too, and one of them, or a create,
-        # could run out of retries (a quiet CI run saw that).
+        # On a quiet machine a dozen creates alone can pass two seats without ever
+        # overlapping (CI saw no 429 once). Load beside them: listings of the same user,
+        # each sent once and never retried (threads), so they take the seats as the
+        # creates start and then go.
         load = [asyncio.ensure_future(asyncio.to_thread(_list_once, k8s_cluster, user))
                 for _ in range(40)]
         burst = await asyncio.gather(*(backend.create(SPEC) for _ in range(11)),

@@ -37,6 +37,24 @@ async def test_429_storm_pauses_every_caller_for_retry_after(
     assert min(s for s in emulator.stamps if s > last) - last >= 0.29
 
 
+async def test_callers_told_429_come_back_spread_not_together(
+        make_backend: BackendFactory, emulator: ApiServerEmulator, spec: SandboxSpec) -> None:
+    """Released together after Retry-After, a burst meets a server with few seats again
+    (every caller using up an attempt each time); told callers spread over the next one."""
+    backend = make_backend()
+    await backend.create(spec)
+    emulator.inject(429, 12, retry_after=0.3, verbs={"create"})
+    emulator.verb_stamps.clear()
+    sandboxes = await asyncio.gather(*(backend.create(spec) for _ in range(12)))
+    assert len(sandboxes) == 12 and backend.stats.retries["429"] == 12
+    last = max(emulator.fault_stamps)
+    retries = [t for verb, t in emulator.verb_stamps if verb == "create" and t > last]
+    assert len(retries) == 12
+    assert min(retries) - last >= 0.29  # none before Retry-After
+    # uniform over the next 0.3 s: twelve within 0.075 s of each other is a 1-in-10^5 event
+    assert max(retries) - min(retries) >= 0.075, retries
+
+
 async def test_500s_are_retried_for_idempotent_calls(
         make_backend: BackendFactory, emulator: ApiServerEmulator, spec: SandboxSpec) -> None:
     backend = make_backend()

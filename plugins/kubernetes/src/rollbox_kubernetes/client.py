@@ -6,7 +6,8 @@ configured QPS. Then:
 
 - HTTP 429 (and 503 with ``Retry-After``): the server did not process the request, so
   any verb is retried; ``Retry-After`` pauses the shared bucket, i.e. every caller in the
-  process waits, not just the one that was told.
+  process waits, not just the one that was told, and those that were told retry spread
+  over the following ``Retry-After``.
 - 5xx, timeouts, dropped connections: idempotent calls (get, list, delete, merge patch,
   and creates of fixed names, whose retry turns into 409 AlreadyExists) are retried with
   exponential backoff and jitter, a bounded number of times.
@@ -180,7 +181,13 @@ class KubeClient:
             raise error
         self.stats.retries[str(error.status)] += 1
         if throttled:
-            self.limiter.pause(error.retry_after if error.retry_after is not None else 1.0)
+            # Everyone waits out Retry-After; the callers that were told come back spread
+            # over the next Retry-After, not all at once: a burst released together meets
+            # a server with few seats (APF with no queue) again and again, each time using
+            # up an attempt of every caller.
+            wait = error.retry_after if error.retry_after is not None else 1.0
+            self.limiter.pause(wait)
+            await asyncio.sleep(wait * (1 + random.random()))
             return
         delay = min(self.max_backoff_s, self.backoff_s * 2 ** min(attempt - 1, 16))
         await asyncio.sleep(delay * (0.5 + random.random() / 2))

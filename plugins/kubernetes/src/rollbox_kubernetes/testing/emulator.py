@@ -109,6 +109,7 @@ class ApiServerEmulator:
         self.faults: list[Fault] = []
         self.requests: Counter[str] = Counter()
         self.stamps: list[float] = []
+        self.verb_stamps: list[tuple[str, float]] = []
         self.fault_stamps: list[float] = []
         self.url = ""
         self._watches: set[web.StreamResponse] = set()
@@ -195,6 +196,7 @@ class ApiServerEmulator:
         verb = self._verb(request.method, name, sub, request.query.get("watch") == "true")
         self.requests[verb] += 1
         self.stamps.append(asyncio.get_running_loop().time())
+        self.verb_stamps.append((verb, self.stamps[-1]))
         injected = self._fault(verb)
         if injected is not None:
             return injected
