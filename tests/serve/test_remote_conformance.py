@@ -40,6 +40,15 @@ class TestRemoteConformance(BackendTests):
             await remote.aclose()
             await server.aclose()
 
+    def owner_script(self, state: Path) -> str:
+        """Not this backend's contract: a remote client is not its sandboxes' owner. The
+        server holds them across a client's death (issue 15: a client disconnecting does
+        not lose them; the idle TTL reaps them), and the process whose SIGKILL must leave
+        nothing is ``rollbox serve`` itself: test_serve_processes.py kills a real one
+        and checks that its sandboxes die and that the next start holds nothing."""
+        pytest.skip("a killed remote client leaves its sandboxes to the server by design; "
+                    "a killed server: test_a_server_killed_with_sigkill_is_cleaned_up_by_the_next")
+
     async def kill_sandbox(self, backend: Backend, sandbox: Sandbox) -> None:
         """SIGKILL the agent of the local sandbox behind the handle, on the server."""
         held = _server(backend).held(sandbox.id)

@@ -116,6 +116,47 @@ async def test_a_bad_stream_start_is_an_error_message(remote: RemoteBackend) -> 
         assert (await sandbox.exec(["true"])).ok
 
 
+async def test_a_stream_message_over_the_cap_ends_that_stream_only(
+        server: Server, remote: RemoteBackend) -> None:
+    """One WebSocket message of stdin up to ``MAX_MESSAGE`` (8 MiB) reaches the command;
+    one byte more and the server closes that stream (1009, message too big). The
+    command runs on to its timeout, the sandbox and the server stay usable."""
+    from rollbox import ExecRequest
+    from rollbox.errors import ServerUnavailableError
+    from rollbox_remote.websocket import BINARY, WebSocket, WebSocketClosed
+    from rollbox_serve.streams import MAX_MESSAGE
+
+    async def stream(sandbox_id: str, argv: tuple[str, ...], timeout_s: float) -> WebSocket:
+        ws = await WebSocket.connect(remote.http, f"/v1/sandboxes/{sandbox_id}/stream")
+        request = ExecRequest(argv=argv, cwd="/", env={}, stdin=None, timeout_s=timeout_s,
+                              output_limit=1 << 20)
+        await ws.send_json({"type": "start", "request": protocol.request_to_json(request)})
+        assert json.loads((await ws.receive())[1]) == {"type": "started"}
+        return ws
+
+    async with await remote.create(SPEC) as sandbox:
+        ws = await stream(sandbox.id, ("wc", "-c"), 30)
+        await ws._send(BINARY, bytes([protocol.STDIN]) + b"x" * (MAX_MESSAGE - 1))
+        await ws.send_json({"type": "close_stdin"})
+        kind, out = await ws.receive()
+        counted = str(MAX_MESSAGE - 1).encode()
+        assert (kind, out.strip()) == (BINARY, bytes([protocol.STDOUT]) + counted)
+        assert json.loads((await ws.receive())[1]) == {"type": "exit", "exit_code": 0}
+        await ws.close()
+
+        ws = await stream(sandbox.id, ("cat",), 2)
+        try:  # the server reads the frame's length, says 1009 and hangs up mid-send
+            await ws._send(BINARY, bytes([protocol.STDIN]) + b"x" * MAX_MESSAGE)
+            while True:
+                await ws.receive()
+        except WebSocketClosed as closed:
+            assert closed.code == 1009
+        except ServerUnavailableError as broke:
+            assert "reset" in str(broke) or "broke" in str(broke)
+        assert (await sandbox.exec(["echo", "usable"])).stdout == b"usable\n"
+    await assert_still_serving(server, remote)
+
+
 def _mutations(rng: random.Random, valid: dict[str, object]) -> object:
     """A JSON value near ``valid``: a field dropped, retyped, or set to junk."""
     junk: list[object] = [None, True, -1, 0, 1e308, "", "\x00", "x" * 5000, [], {}, [1, "a"],

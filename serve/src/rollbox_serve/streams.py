@@ -35,6 +35,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("rollbox.serve")
 MAX_MESSAGE = 8 << 20
+"""Largest WebSocket message a client may send (one stdin write, one tunnel chunk)."""
 START_TIMEOUT_S = 30.0
 CODES = {"stdout": bytes([protocol.STDOUT]), "stderr": bytes([protocol.STDERR])}
 
@@ -62,7 +63,8 @@ async def stream_handler(server: Server, request: web.Request) -> web.StreamResp
 
 async def _accept(server: Server, request: web.Request) -> web.WebSocketResponse:
     """The WebSocket, open; this handler tracked, so that shutdown cancels it."""
-    ws = web.WebSocketResponse(max_msg_size=MAX_MESSAGE)
+    # aiohttp refuses a message of max_msg_size bytes itself: one more lets MAX_MESSAGE in
+    ws = web.WebSocketResponse(max_msg_size=MAX_MESSAGE + 1)
     await ws.prepare(request)
     task = asyncio.current_task()
     assert task is not None
