@@ -208,10 +208,18 @@ def read_audit(plane: ControlPlane, since: str) -> list[dict[str, Any]]:
     return events
 
 
+def created(event: dict[str, Any]) -> bool:
+    """An object was created: a create the server answered 2xx. A create answered 409
+    AlreadyExists (a retried create of a fixed name; the controller's second try at a
+    pod its cache had not shown it yet) is a write but made nothing."""
+    code = (event.get("responseStatus") or {}).get("code", 0)
+    return (event["verb"] == "create" and not (event.get("objectRef") or {}).get("subresource")
+            and 200 <= code < 300)
+
+
 def audit_counts(events: list[dict[str, Any]], rollouts: int) -> dict[str, Any]:
     creates = collections.Counter(
-        (e.get("objectRef") or {}).get("resource", "") for e in events
-        if e["verb"] == "create" and not (e.get("objectRef") or {}).get("subresource"))
+        (e.get("objectRef") or {}).get("resource", "") for e in events if created(e))
     workload = [e for e in events if e["user"]["username"] == WORKLOAD_USER]
     per_second = collections.Counter(e["requestReceivedTimestamp"][:19] for e in events)
     by_user = collections.Counter(e["user"]["username"] for e in events
@@ -220,9 +228,8 @@ def audit_counts(events: list[dict[str, Any]], rollouts: int) -> dict[str, Any]:
         "sandbox_creations": creates["sandboxes"], "pod_creations": creates["pods"],
         "claim_creations": creates["sandboxclaims"],
         "creations_per_rollout": round((creates["sandboxes"] + sum(
-            1 for e in workload if e["verb"] == "create" and
-            (e.get("objectRef") or {}).get("resource") == "pods"
-            and not (e.get("objectRef") or {}).get("subresource"))) / rollouts, 4),
+            1 for e in workload if created(e)
+            and (e.get("objectRef") or {}).get("resource") == "pods")) / rollouts, 4),
         "workload_writes_per_rollout": round(sum(
             1 for e in workload if e["verb"] in WRITES) / rollouts, 4),
         "all_writes_per_rollout": round(sum(

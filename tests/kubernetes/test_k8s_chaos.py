@@ -199,6 +199,35 @@ async def test_no_kubeconfig(tmp_path: object, monkeypatch: pytest.MonkeyPatch,
         await backend.create(spec)
 
 
+async def test_a_template_the_controller_has_not_seen_yet_does_not_fail_the_claim(
+        make_backend: BackendFactory, emulator: ApiServerEmulator, spec: SandboxSpec) -> None:
+    """The real controller answered a claim made right after its template with
+    TemplateNotFound (its cache lagged; it retries a minute later): the backend sees the
+    template exists and updates the claim, which makes the controller look again."""
+    backend = make_backend()
+    assert backend.keep_warm(spec, 2)  # creates go through claims on a warm pool
+    emulator.cluster.unseen_templates = 2
+    async with await backend.create(spec) as sandbox:
+        assert (await sandbox.exec("echo bound")).stdout == b"bound\n"
+    assert emulator.cluster.unseen_templates == 0
+    assert backend.stats.retries["TemplateNotFound"] >= 1
+
+
+async def test_a_claim_whose_pool_was_deleted_fails_with_what_is_gone(
+        make_backend: BackendFactory, emulator: ApiServerEmulator, spec: SandboxSpec) -> None:
+    backend = make_backend()
+    assert backend.keep_warm(spec, 2)
+    await (await backend.create(spec)).close()  # a claim on the pool worked
+    from rollbox_kubernetes import render
+    from rollbox_kubernetes.resources import WARM_POOLS
+
+    client = await backend.connect()
+    pool = render.template_name(render.spec_key(spec, backend.options), backend.options)
+    await client.delete(WARM_POOLS, "default", pool)
+    with pytest.raises(CreateFailedError, match=f"SandboxWarmPool {pool} is gone"):
+        await backend.create(spec)
+
+
 async def test_claim_on_missing_pool_fails_fast(make_backend: BackendFactory,
                                                 emulator: ApiServerEmulator,
                                                 spec: SandboxSpec) -> None:

@@ -52,6 +52,8 @@ from rollbox_kubernetes.resources import (
     NETWORK_POLICIES,
     PODS,
     SANDBOXES,
+    TEMPLATES,
+    WARM_POOLS,
     Resource,
     namespace_problem,
     run_id_problem,
@@ -67,6 +69,11 @@ MODES = ("claim", "pod")
 
 
 T = TypeVar("T")
+# A claim whose template or pool the controller has not seen yet is updated (this
+# annotation) after 0.25 s, then backing off to every 5 s, until the controller finds them.
+ANNOTATION_NUDGED = "rollbox.dev/nudged"
+_NUDGE_AFTER_S = 0.25
+_NUDGE_MAX_S = 5.0
 
 
 class KubernetesBackend(Backend):
@@ -236,7 +243,9 @@ class KubernetesBackend(Backend):
         name = self._name(key)
         sandbox_name = await self._create_then(
             CLAIMS, "claim", name, render.claim(name, pool, key, self.options),
-            lambda created: self._await_ready(CLAIMS, name, created, spec, claim_state))
+            lambda created: self._await_ready(CLAIMS, name, created, spec, claim_state,
+                                              nudge=lambda state, n: self._nudge_claim(
+                                                  name, pool, state, n)))
         return KubeSandbox(self, name, spec, pod=sandbox_name,
                            base_env=render.container_env(spec))
 
@@ -266,25 +275,34 @@ class KubernetesBackend(Backend):
             return  # applied before (another process of this run): use it, keep it
         self.pools.owned.append((NETWORK_POLICIES, body["metadata"]["name"]))
 
-    async def _await_ready(self, res: Resource, name: str, created: Obj, spec: SandboxSpec,
-                           read: Callable[[Obj], ClaimState]) -> str:
+    async def _await_ready(
+            self, res: Resource, name: str, created: Obj, spec: SandboxSpec,
+            read: Callable[[Obj], ClaimState],
+            nudge: Callable[[ClaimState, int], Awaitable[None]] | None = None) -> str:
         """Watch a claim or Sandbox from the create response's resourceVersion until it
-        is Ready; returns its pod's name. ``read`` turns the object into a ClaimState."""
+        is Ready; returns its pod's name. ``read`` turns the object into a ClaimState;
+        ``nudge(state, n)`` is called, backing off, while ``state.missing``."""
         loop = asyncio.get_running_loop()
         started = loop.time()
         state = read(created)
         next_probe = started + self.probe_after_s
+        nudges, next_nudge = 0, started + _NUDGE_AFTER_S
         watcher = Watcher(self.client, res, self.options.namespace, name,
                           created["metadata"]["resourceVersion"])
         try:
             while not state.ready:
-                if state.terminal:
+                if state.terminal or (state.missing and nudge is None):
                     raise CreateFailedError(
                         f"{res.kind} {name} failed: {state.reason}: {state.message}")
                 if state.sandbox and loop.time() >= next_probe:
                     await self._probe_pod(state.sandbox, spec, started)
                     next_probe = loop.time() + max(self.probe_after_s, 1.0)
-                wait = max(0.05, next_probe - loop.time()) if state.sandbox else None
+                if state.missing and nudge is not None and loop.time() >= next_nudge:
+                    nudges += 1
+                    await nudge(state, nudges)
+                    next_nudge = loop.time() + min(_NUDGE_MAX_S, _NUDGE_AFTER_S * 2 ** nudges)
+                wait = (max(0.05, next_probe - loop.time()) if state.sandbox
+                        else max(0.05, next_nudge - loop.time()) if state.missing else None)
                 event = await watcher.next(wait)
                 if event is None:
                     continue
@@ -295,6 +313,25 @@ class KubernetesBackend(Backend):
         finally:
             await watcher.close()
         return state.sandbox
+
+    async def _nudge_claim(self, name: str, pool: str, state: ClaimState, n: int) -> None:
+        """The controller reported claim ``name``'s template or warm pool (both named
+        ``pool``) missing. If they exist, its cache had not seen them yet when the claim
+        came (created a moment before it): an update of the claim makes it look again at
+        once, instead of a minute later. If they do not, the claim fails."""
+        ns = self.options.namespace
+        for res in (TEMPLATES, WARM_POOLS):
+            try:
+                await self.client.get(res, ns, pool)
+            except ApiError as err:
+                if err.status == 404:
+                    raise CreateFailedError(
+                        f"SandboxClaim {name} failed: {state.reason}: {state.message} "
+                        f"({res.kind} {pool} is gone; was it deleted by hand?)") from None
+                raise self.map_error(f"get {res.kind}", err) from None
+        self.stats.retries[state.reason] += 1
+        await self.api("patch claim", self.client.patch(
+            CLAIMS, ns, name, {"metadata": {"annotations": {ANNOTATION_NUDGED: str(n)}}}))
 
     async def _probe_pod(self, pod_name: str, spec: SandboxSpec, started: float) -> None:
         """Look at a slow sandbox's pod for errors that will not fix themselves."""

@@ -1,7 +1,10 @@
 """Reading claim and pod status: ready yet, failed for good, or still on its way.
 
 Terminal claim reasons are the ``Ready=False`` reasons upstream's claim controller does not
-recover from by itself, plus the pod phases that end a sandbox. Image pull failures and
+recover from by itself, plus the pod phases that end a sandbox. ``TemplateNotFound`` and
+``WarmPoolNotFound`` are not among them: the controller says so too when its cache has not
+yet seen a template or pool created a moment before the claim, and tries again (after a
+minute, or at the claim's next update). Image pull failures and
 unschedulable pods do not show on the claim (its message only says the pod is not
 ready), so the backend reads the pod of a slow claim and asks ``pod_problem``.
 """
@@ -15,9 +18,10 @@ Obj = dict[str, Any]
 
 TERMINAL_CLAIM_REASONS = frozenset({
     "InvalidMetadata", "EnvVarsInjectionRejected", "VolumeClaimTemplatesError",
-    "ClaimExpired", "SandboxExpired", "TemplateNotFound", "WarmPoolNotFound",
-    "PodSucceeded", "PodFailed",
+    "ClaimExpired", "SandboxExpired", "PodSucceeded", "PodFailed",
 })
+# Ready=False reasons of a claim whose template or warm pool the controller has not found.
+MISSING_DEPENDENCY_REASONS = frozenset({"TemplateNotFound", "WarmPoolNotFound"})
 # Ready=False reasons of a Sandbox that will not recover by themselves.
 TERMINAL_SANDBOX_REASONS = frozenset({"SandboxExpired", "PodSucceeded", "PodFailed"})
 ANNOTATION_POD_NAME = "agents.x-k8s.io/pod-name"
@@ -34,6 +38,8 @@ class ClaimState:
     reason: str
     message: str
     sandbox: str
+    missing: bool = False
+    """The controller has not found the claim's template or warm pool (yet)."""
 
 
 def condition(obj: Obj, kind: str) -> Obj | None:
@@ -53,6 +59,7 @@ def claim_state(claim: Obj) -> ClaimState:
         reason=reason,
         message=str(ready.get("message", "")),
         sandbox=sandbox,
+        missing=ready.get("status") == "False" and reason in MISSING_DEPENDENCY_REASONS,
     )
 
 

@@ -13,7 +13,10 @@ Controller, following upstream's documented behaviour (not its code):
   then replenishes. With no warm Sandbox it cold-starts one from the template. A claim on
   a pool that does not exist gets ``Ready=False, reason WarmPoolNotFound``, and one
   whose ``additionalPodMetadata`` has a label outside upstream's default allowlist
-  (``sandbox.users.io``) ``Ready=False, reason InvalidMetadata``;
+  (``sandbox.users.io``) ``Ready=False, reason InvalidMetadata``. Upstream's cache can
+  lag behind a template created a moment before the claim: ``unseen_templates`` claims
+  get ``Ready=False, reason TemplateNotFound`` although it exists, and, as upstream, an
+  unbound claim in that state is reconciled again at its next metadata update;
 - Sandbox ``Ready`` mirrors the pod (Running, Ready, with an IP), and the claim mirrors
   its Sandbox's ``Ready`` plus ``status.sandbox.name``; deleting a claim deletes its
   Sandbox and pod through owner references.
@@ -107,6 +110,11 @@ class FakeCluster:
         # machine. Served runtimes take addresses from 127.128 up (runtime.py).
         self._ip_base = f"127.{secrets.randbelow(127) + 1}"
         self.runtimes = runtimes
+        self.unseen_templates = 0
+        """How many of the next claims the controller binds as if its cache had not yet
+        seen their template (upstream: ``TemplateNotFound``, retried a minute later or at
+        the claim's next update)."""
+        self._claim_meta: dict[tuple[str, str], object] = {}
 
     def start(self) -> None:
         self.store.listeners.append(lambda kind, plural, obj: self._queue.put_nowait(
@@ -167,8 +175,15 @@ class FakeCluster:
             if pool and kind == "DELETED":
                 self._fill_pool(ns, pool)
             self._sync_claims(ns, name)
-        elif plural == "sandboxclaims" and kind == "ADDED":
-            self._bind(obj)
+        elif plural == "sandboxclaims":
+            seen = (meta.get("annotations"), meta.get("labels"))
+            if kind == "DELETED":
+                self._claim_meta.pop((ns, name), None)
+            elif kind == "ADDED" or (self._claim_meta.get((ns, name)) != seen
+                                     and self._waiting_for_dependency(obj)):
+                self._bind(obj)
+            if kind != "DELETED":
+                self._claim_meta[(ns, name)] = seen
 
     # -- warm pools and claims ---------------------------------------------------------
 
@@ -241,9 +256,24 @@ class FakeCluster:
         for sandbox in surplus[:max(0, -missing)]:
             self.store.delete("sandboxes", ns, sandbox["metadata"]["name"])
 
+    @staticmethod
+    def _waiting_for_dependency(claim: Obj) -> bool:
+        """Unbound, with its template or pool reported missing."""
+        if SANDBOX_ANNOTATION in (claim["metadata"].get("annotations") or {}):
+            return False
+        return any(c.get("type") == "Ready" and c.get("reason") in (
+            "TemplateNotFound", "WarmPoolNotFound")
+            for c in (claim.get("status") or {}).get("conditions") or [])
+
     def _bind(self, claim: Obj) -> None:
         ns, name = claim["metadata"]["namespace"], claim["metadata"]["name"]
         pool_name = claim["spec"]["warmPoolRef"]["name"]
+        if self.unseen_templates > 0:
+            self.unseen_templates -= 1
+            self.store.patch("sandboxclaims", ns, name, {"status": {"conditions": [_cond(
+                "Ready", False, "TemplateNotFound",
+                f'SandboxTemplate "{pool_name}" not found')]}})
+            return
         extra = (claim["spec"].get("additionalPodMetadata") or {}).get("labels") or {}
         refused = [k for k in extra if k.partition("/")[0].lower() not in LABEL_DOMAINS
                    and not any(k.partition("/")[0].lower().endswith("." + d)
