@@ -5,6 +5,7 @@ backed by the same real local sandboxes as pod exec."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
@@ -207,25 +208,34 @@ async def test_through_a_router_with_upstreams_headers(
         await router.stop()
 
 
-async def test_a_runtime_that_cannot_run_commands_is_not_used(local_state: Path,
-                                                             spec: SandboxSpec) -> None:
-    """It answers GET / but kills every command at once (its own time limit): auto
-    falls back to pod exec, http refuses to create, saying why."""
+@contextlib.asynccontextmanager
+async def _limited_runtime(
+        local_state: Path) -> AsyncIterator[tuple[KubernetesBackend, KubernetesBackend]]:
+    """An emulator whose pods' runtime kills every command at once, and two backends on
+    it: ``transport="auto"`` and ``"http"``."""
     async with ApiServerEmulator(LocalBackend(state_dir=local_state), http_runtime=True,
                                  runtime_exec_timeout_s=0) as emu:
         auto = KubernetesBackend(host=emu.url, run_id="auto", warm_replicas=0)
         strict = KubernetesBackend(host=emu.url, run_id="strict", warm_replicas=0,
                                    transport="http", runtime_wait_s=0.3)
         try:
-            async with await auto.create(spec) as sandbox:
-                assert (await sandbox.exec("echo hi")).stdout == b"hi\n"
-            assert execs(auto) >= 2
-            with pytest.raises(BackendUnavailableError, match="its own limit"):
-                await strict.create(spec)
-            assert await strict.leftovers() == []
+            yield auto, strict
         finally:
             await auto.aclose()
             await strict.aclose()
+
+
+async def test_a_runtime_that_cannot_run_commands_is_not_used(local_state: Path,
+                                                             spec: SandboxSpec) -> None:
+    """It answers GET / but kills every command at once (its own time limit): auto
+    falls back to pod exec, http refuses to create, saying why."""
+    async with _limited_runtime(local_state) as (auto, strict):
+        async with await auto.create(spec) as sandbox:
+            assert (await sandbox.exec("echo hi")).stdout == b"hi\n"
+        assert execs(auto) >= 2
+        with pytest.raises(BackendUnavailableError, match="its own limit"):
+            await strict.create(spec)
+        assert await strict.leftovers() == []
 
 
 async def test_a_runtime_that_passes_its_probe_but_kills_real_commands_is_not_used(
@@ -245,21 +255,13 @@ async def test_a_runtime_that_passes_its_probe_but_kills_real_commands_is_not_us
         return True
 
     monkeypatch.setattr(RuntimeHttp, "probe", passing_probe)
-    async with ApiServerEmulator(LocalBackend(state_dir=local_state), http_runtime=True,
-                                 runtime_exec_timeout_s=0) as emu:
-        auto = KubernetesBackend(host=emu.url, run_id="auto", warm_replicas=0)
-        strict = KubernetesBackend(host=emu.url, run_id="strict", warm_replicas=0,
-                                   transport="http", runtime_wait_s=0.3)
-        try:
-            async with await auto.create(spec) as sandbox:
-                assert sandbox.runtime is None  # type: ignore[attr-defined]
-                assert (await sandbox.exec("echo hi")).stdout == b"hi\n"
-            with pytest.raises(BackendUnavailableError, match="its own limit"):
-                await strict.create(spec)
-            assert await strict.leftovers() == []
-        finally:
-            await auto.aclose()
-            await strict.aclose()
+    async with _limited_runtime(local_state) as (auto, strict):
+        async with await auto.create(spec) as sandbox:
+            assert sandbox.runtime is None  # type: ignore[attr-defined]
+            assert (await sandbox.exec("echo hi")).stdout == b"hi\n"
+        with pytest.raises(BackendUnavailableError, match="its own limit"):
+            await strict.create(spec)
+        assert await strict.leftovers() == []
 
 
 def test_http_pods_run_the_images_own_entrypoint(spec: SandboxSpec) -> None:

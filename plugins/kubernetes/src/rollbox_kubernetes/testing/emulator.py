@@ -108,8 +108,7 @@ class ApiServerEmulator:
         self.forbidden: set[tuple[str, str]] = set()  # (verb, plural)
         self.faults: list[Fault] = []
         self.requests: Counter[str] = Counter()
-        self.stamps: list[float] = []
-        self.verb_stamps: list[tuple[str, float]] = []
+        self.stamps: list[tuple[str, float]] = []  # (verb, loop time) of every request
         self.fault_stamps: list[float] = []
         self.url = ""
         self._watches: set[web.StreamResponse] = set()
@@ -195,8 +194,7 @@ class ApiServerEmulator:
         plural, name, sub = match["plural"], match["name"], match["sub"]
         verb = self._verb(request.method, name, sub, request.query.get("watch") == "true")
         self.requests[verb] += 1
-        self.stamps.append(asyncio.get_running_loop().time())
-        self.verb_stamps.append((verb, self.stamps[-1]))
+        self.stamps.append((verb, asyncio.get_running_loop().time()))
         injected = self._fault(verb)
         if injected is not None:
             return injected
