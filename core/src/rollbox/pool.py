@@ -26,7 +26,7 @@ import asyncio
 import contextlib
 import warnings
 from collections import OrderedDict, deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -110,6 +110,7 @@ class Pool:
         self._specs: dict[SandboxSpec, _SpecState] = {}
         self._lru: OrderedDict[Sandbox, SandboxSpec] = OrderedDict()  # idle, oldest first
         self._leased: set[Sandbox] = set()
+        self._in_transit = 0  # neither idle nor leased: being reset or health-checked
         self._room = asyncio.Condition()
         self._closing: set[asyncio.Task[None]] = set()
         self._closed = False
@@ -119,8 +120,11 @@ class Pool:
 
     @property
     def live(self) -> int:
-        """Sandboxes in existence or being created (idle + leased + creating)."""
-        return len(self._lru) + len(self._leased) + sum(s.creating for s in self._specs.values())
+        """Sandboxes in existence or being created: idle, leased, being reset or
+        health-checked between the two, and being created. ``max_sandboxes`` caps this
+        (a sandbox being closed no longer counts)."""
+        return (len(self._lru) + len(self._leased) + self._in_transit
+                + sum(s.creating for s in self._specs.values()))
 
     def idle_count(self, spec: SandboxSpec | None = None) -> int:
         if spec is None:
@@ -181,7 +185,9 @@ class Pool:
             if not keep:
                 await self._close(sandbox)
                 return
-            if await self._reset(sandbox, lease.spec):
+            with self._in_transit_while():
+                clean = await self._reset(sandbox, lease.spec)
+            if clean:
                 self._park(sandbox, lease.spec)
         finally:
             await self._notify_room()
@@ -270,7 +276,9 @@ class Pool:
             while state.idle:
                 sandbox = state.idle.popleft()
                 self._lru.pop(sandbox, None)
-                if not self.health_check or await sandbox.ping():
+                with self._in_transit_while():
+                    healthy = not self.health_check or await sandbox.ping()
+                if healthy:
                     self.metrics.count("reuses")
                     return sandbox
                 await self._quarantine(sandbox, spec, "failed its health check before hand-out")
@@ -289,6 +297,16 @@ class Pool:
             async with self._room:
                 if not state.idle:
                     await self._room.wait()
+
+    @contextlib.contextmanager
+    def _in_transit_while(self) -> Iterator[None]:
+        """Count a sandbox that is neither idle nor leased (being reset or health-checked)
+        toward ``live``: otherwise ``max_sandboxes`` could be passed meanwhile."""
+        self._in_transit += 1
+        try:
+            yield
+        finally:
+            self._in_transit -= 1
 
     async def _make_room(self) -> bool:
         """True when one more sandbox may exist, evicting an idle one if needed."""
