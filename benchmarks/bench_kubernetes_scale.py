@@ -118,9 +118,16 @@ async def run_rollbox(arm: str, plane: ControlPlane, kubeconfig: str,
         finally:
             await pool.close()
     ready = pool.metrics.samples.get("queue_wait", [])
+    counters = pool.metrics.counters
     return {"requested": report.requested, "succeeded": report.succeeded,
             "failed": report.failed, "failed_by_kind": report.failed_by_kind,
-            "accounted": report.accounted, "ready_s": ready}
+            "accounted": report.accounted, "ready_s": ready,
+            # What the pool saw besides the rollouts' own results: a create that failed
+            # and was made again, a sandbox quarantined or evicted, each costs a creation.
+            "pool": {"creations": counters["creations"], "reuses": counters["reuses"],
+                     "evictions": counters["evictions"],
+                     "sandbox_failures": pool.metrics.failures_by_kind(),
+                     "quarantined": [q.reason for q in pool.quarantined]}}
 
 
 @contextlib.contextmanager

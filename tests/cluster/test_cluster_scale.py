@@ -40,5 +40,5 @@ def test_a_250_x_4_burst_on_ten_nodes(k8s_cluster: ClusterAccess,
         assert result["left_after_burst"] == 0, arm
     rollbox = results["rollbox"]
     assert rollbox["failed"] == 0, rollbox["failed_by_kind"]
-    assert rollbox["creations_per_rollout"] <= 0.25
-    assert rollbox["workload_writes_per_rollout"] <= 1.5
+    assert rollbox["creations_per_rollout"] <= 0.25, rollbox["pool"]
+    assert rollbox["workload_writes_per_rollout"] <= 1.5, rollbox["pool"]
