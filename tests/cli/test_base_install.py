@@ -1,5 +1,6 @@
-"""A base install (rollbox-core and rollbox-local, no extras): what an extra would add
-is named with the command that installs it, never a bare ``invalid choice``."""
+"""A base install (rollbox-core, rollbox-local and rollbox-tools, no extras): what an
+extra would add is named with the command that installs it, never a bare ``invalid
+choice``."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import pytest
 from cli_support import cli_env
 from isolated_env import EnvRecipe, ensure_env
 
-BASE = EnvRecipe(name="base-install", python="3.11", editable=("core", "plugins/local"))
+BASE = EnvRecipe(name="base-install", python="3.11", editable=("core", "plugins/local", "tools"))
 
 
 @pytest.mark.slow

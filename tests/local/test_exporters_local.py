@@ -6,12 +6,12 @@ from __future__ import annotations
 import pytest
 from rollbox import Pool, SandboxSpec
 from rollbox.envs import Task
-from rollbox.metrics_export import OtelSpans, PrometheusExporter
 from rollbox.plugins import get_plugin_manager
 from rollbox.results import RolloutOutput
 from rollbox.runner import RetryPolicy, run_rollouts
 from rollbox.sandbox import Sandbox
 from rollbox_local import LocalBackend
+from rollbox_tools.metrics_export import OtelSpans, PrometheusExporter
 
 pytest.importorskip("prometheus_client")
 pytest.importorskip("opentelemetry.sdk")

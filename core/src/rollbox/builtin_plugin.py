@@ -1,11 +1,11 @@
-"""What core registers through its own hook spec: the fake backend, the pool policies
-and the backend-agnostic CLI commands."""
+"""What core registers through its own hook spec: the fake backend and the pool
+policies. (Its commands come from plugins: ``rollbox run`` and ``doctor`` from
+rollbox-tools.)"""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
-from rollbox.cli_commands import Command
 from rollbox.hookspecs import BackendRef, hookimpl
 from rollbox.policies import LookaheadPolicy
 from rollbox.pool import NoPoolPolicy, StaticPoolPolicy
@@ -23,11 +23,3 @@ def rollbox_register_pool_policies(register: Callable[[str, type[object]], None]
     register(StaticPoolPolicy.name, StaticPoolPolicy)
     register(LookaheadPolicy.name, LookaheadPolicy)
 
-
-@hookimpl
-def rollbox_register_commands(register: Callable[[Command], None]) -> None:
-    from rollbox import cli
-
-    register(Command("run", "Run a command in a fresh sandbox.", cli.configure_run, cli.run))
-    register(Command("doctor", "Check that a backend can run here.", cli.configure_doctor,
-                     cli.doctor))

@@ -8,7 +8,6 @@ import sys
 import pytest
 from rollbox.envs import Task
 from rollbox.errors import MissingExtraError
-from rollbox.metrics_export import OtelSpans, PrometheusExporter
 from rollbox.plugins import get_plugin_manager
 from rollbox.pool import Pool
 from rollbox.results import RolloutOutput
@@ -16,6 +15,7 @@ from rollbox.runner import run_rollouts
 from rollbox.sandbox import Sandbox
 from rollbox.spec import SandboxSpec
 from rollbox.testing.fake import FakeBackend
+from rollbox_tools.metrics_export import OtelSpans, PrometheusExporter
 
 
 async def half_fail(sandbox: Sandbox, task: Task, index: int) -> RolloutOutput:
@@ -29,7 +29,7 @@ TASKS = [Task(id=f"t{i}", spec=SandboxSpec()) for i in range(2)]
 
 
 def test_no_import_cost_without_use() -> None:
-    code = ("import sys, rollbox.metrics_export, rollbox.runner, rollbox_bench.cli;"
+    code = ("import sys, rollbox_tools.metrics_export, rollbox.runner, rollbox_bench.cli;"
             "print(any(m in sys.modules for m in "
             "('prometheus_client', 'opentelemetry', 'matplotlib')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
