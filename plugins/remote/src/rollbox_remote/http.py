@@ -178,9 +178,12 @@ class HttpClient:
                         sink: Sink | None) -> Response:
         started = False
         try:
-            conn.writer.write(head)
-            if body:
-                await _send_bytes(conn.writer, body)
+            if body and len(body) <= CHUNK:  # one send: the server wakes once, not twice
+                conn.writer.write(head + body)
+            else:
+                conn.writer.write(head)
+                if body:
+                    await _send_bytes(conn.writer, body)
             if upload is not None:
                 await _send_file(conn.writer, upload, upload_size)
             await conn.writer.drain()
