@@ -81,7 +81,14 @@ CASES = [
     Case("k8s preflight without a cluster", ("k8s", "preflight"),
          ("no Kubernetes credentials", "KUBECONFIG"), env={"KUBECONFIG": "/nonexistent"}),
     Case("k8s reap with a broken kubeconfig", ("k8s", "reap", "--kubeconfig", "/etc/hostname"),
-         ("cannot use the kubeconfig /etc/hostname",)),
+         ("cannot use the kubeconfig /etc/hostname: not a kubeconfig",)),
+    Case("blank home", ("images", "ls"), ("ROLLBOX_HOME=' '", "white space"),
+         env={"ROLLBOX_HOME": " "}),
+    Case("image import of a file that is no archive", ("images", "import", "/etc/hostname"),
+         ("/etc/hostname is neither a directory nor a readable tar archive",)),
+    Case("run through a server without a token", ("run", "--url", "http://127.0.0.1:1", "--",
+                                                   "true"),
+         ("no token for the rollbox server", "ROLLBOX_TOKEN")),
 ]
 
 

@@ -31,6 +31,7 @@ def test_a_store_smaller_than_one_image_is_refused_before_the_run(rollbox: Rollb
                      "--workdir", str(tmp_path), "--quiet")
     assert result.returncode == 2, result.stdout + result.stderr
     assert "cannot hold one task image" in result.stderr and "--capacity-mb" in result.stderr
+    assert "the 16 images the rollbox arm holds at once" in result.stderr
     assert not list(tmp_path.glob("images-*/task-*")), "images were built for nothing"
 
 
@@ -42,6 +43,7 @@ def test_rollouts_failing_for_an_unexplained_reason_fail_the_run(rollbox: Rollbo
                      "--workdir", str(home / "bench"), "--quiet", timeout=600)
     assert result.returncode == 1, result.stdout + result.stderr
     assert "failed as image_store_full: image store full" in result.stderr
+    assert "the bench sets its store's capacity: --capacity-mb" in result.stderr
 
 
 def test_injected_faults_do_not_fail_the_run(rollbox: Rollbox) -> None:

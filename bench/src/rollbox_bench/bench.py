@@ -136,12 +136,14 @@ async def run_bench(config: BenchConfig, *, progress: Progress | None = None) ->
             think_s=config.think_s,
         )
         capacity = config.capacity(source)
+        held = config.concurrency + config.warm_budget
         if not config.fake and capacity < config.image_bytes():
             raise UsageError(
                 f"an image store of {capacity / MiB:.1f} MiB cannot hold one task image "
                 f"(about {config.image_bytes() / MiB:.1f} MiB): raise --capacity-mb to at "
-                f"least {math.ceil(config.image_bytes() * 16 / MiB)} (16 images), or lower "
-                "--padding-mb")
+                f"least {math.ceil(config.image_bytes() * held / MiB)} (the {held} images "
+                "the rollbox arm holds at once: --concurrency and its warm budget), or "
+                "lower --padding-mb")
         if not config.fake:
             await asyncio.to_thread(source.build)
         tasks = list(source.tasks())

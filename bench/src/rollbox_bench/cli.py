@@ -20,6 +20,10 @@ from rollbox.spec import MiB
 
 from rollbox_bench.bench import ARMS, BenchConfig, ChaosRates, run_bench
 
+BENCH_HINTS = {"image_store_full": " (the bench sets its store's capacity: --capacity-mb)"}
+"""What to change in the bench itself for a failure kind whose message names the
+backend's own setting."""
+
 
 def configure(parser: argparse.ArgumentParser) -> None:
     d = BenchConfig()
@@ -162,7 +166,7 @@ def _problems(report: dict[str, Any], chaos: ChaosRates) -> list[str]:
             if kind not in explained:
                 example = data.get("failure_examples", {}).get(kind, "")
                 problems.append(f"{count} rollout(s) of the {arm} arm failed as {kind}: "
-                                f"{example}")
+                                f"{example}{BENCH_HINTS.get(kind, '')}")
     return problems
 
 

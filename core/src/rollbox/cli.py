@@ -13,7 +13,8 @@ from rollbox import cli_args
 from rollbox.errors import MissingExtraError, RollboxError
 from rollbox.plugins import commands, get_plugin_manager
 
-OPTIONAL_COMMANDS = {"k8s": ("the kubernetes commands", "kubernetes")}
+OPTIONAL_COMMANDS = {"k8s": ("the kubernetes commands", "kubernetes"),
+                     "openhands": ("the OpenHands commands", "openhands")}
 """Subcommands an extra of the ``rollbox`` package adds: name → (what, extra)."""
 
 

@@ -101,4 +101,6 @@ def path(name: str) -> Path | None:
     value = raw(name)
     if value is None:
         return None
+    if value != value.strip():  # " " or a stray space from a shell line: a typo, not a name
+        raise invalid(name, value, "begins or ends with white space", "set a path without")
     return Path(value).expanduser().absolute()

@@ -498,9 +498,12 @@ async def load_configuration(host: str | None, kubeconfig: str | None,
                                                client_configuration=configuration)
             return configuration
         except Exception as exc:
+            # The loader's own errors say what is wrong; anything else (a TypeError from
+            # a file whose YAML is not a mapping) means it is no kubeconfig at all.
+            why = (' '.join(str(exc).split()) if isinstance(exc, kube_config.ConfigException)
+                   else "not a kubeconfig (a YAML mapping of clusters, contexts and users)")
             raise BackendUnavailableError(
-                f"cannot use the kubeconfig {os.pathsep.join(paths)}: "
-                f"{' '.join(str(exc).split())}") from None
+                f"cannot use the kubeconfig {os.pathsep.join(paths)}: {why}") from None
     try:
         kube_config.load_incluster_config(  # type: ignore[no-untyped-call]
             client_configuration=configuration)

@@ -18,6 +18,8 @@ from rollbox_local.image_plans import Plan
 
 GiB = 1024**3
 DEFAULT_CAPACITY_GB = 20.0
+RAISE_CAPACITY = ("raise the image store's capacity ($ROLLBOX_IMAGE_CAPACITY_GB, or the "
+                  "backend's image_capacity_bytes)")
 
 
 class Stored(Protocol):
@@ -72,7 +74,7 @@ class Capacity:
         if need > self.capacity_bytes:
             raise UsageError(
                 f"image {plan.ref!r} needs {mb(need)}, more than the image store's whole "
-                f"capacity of {mb(self.capacity_bytes)}; raise ROLLBOX_IMAGE_CAPACITY_GB"
+                f"capacity of {mb(self.capacity_bytes)}; {RAISE_CAPACITY}"
             )
         used = self.used(excluding=plan.key)
         victims: list[str] = []
@@ -110,5 +112,5 @@ class Capacity:
             f"{mb(self.capacity_bytes)} capacity {mb(sum(e.size_bytes for e in pinned))} "
             f"is pinned by {len(pinned)} image(s) in use and {mb(in_flight)} is reserved by "
             "hydrations in flight; retry when sandboxes finish, run fewer distinct images "
-            "at once, or raise ROLLBOX_IMAGE_CAPACITY_GB"
+            f"at once, or {RAISE_CAPACITY}"
         )

@@ -52,7 +52,7 @@ from rollbox.errors import (
 )
 
 from rollbox_local import oci
-from rollbox_local.image_capacity import Capacity, capacity_from_env, mb
+from rollbox_local.image_capacity import RAISE_CAPACITY, Capacity, capacity_from_env, mb
 from rollbox_local.image_pins import SharedPins
 from rollbox_local.image_plans import HOST, Plan, Resolver, is_name, source_changed, validate_name
 from rollbox_local.images_index import ImagesIndex
@@ -197,7 +197,7 @@ class ImageStore:
                 return self._image(ref, entry)
         raise ImageStoreFullError(
             f"image {ref!r} was evicted {_MAX_PIN_ATTEMPTS} times before it could be pinned; "
-            "the store is too small for the images in flight (raise ROLLBOX_IMAGE_CAPACITY_GB)"
+            f"the store is too small for the images in flight ({RAISE_CAPACITY})"
         )
 
     async def _hold_shared(self, digest: str) -> None:

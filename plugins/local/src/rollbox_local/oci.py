@@ -298,8 +298,9 @@ def _source(path: Path) -> Iterator[_Source]:
     try:
         src = _TarSource(path)
     except (tarfile.TarError, EOFError) as exc:
+        why = " ".join(str(exc).split())  # tarfile lists each compression it tried on a line
         raise ImageCorruptError(
-            f"{path} is neither a directory nor a readable tar archive ({exc})"
+            f"{path} is neither a directory nor a readable tar archive ({why})"
         ) from exc
     except FileNotFoundError as exc:
         raise ImageNotFoundError(f"no image at {path}") from exc

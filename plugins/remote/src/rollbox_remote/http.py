@@ -235,8 +235,9 @@ class HttpClient:
                 f"{protocol.VERSION}?"
             )
         if response.status == 401 and not isinstance(error, AuthenticationError):
-            return AuthenticationError(f"the rollbox server at {self.address} refused the "
-                                       "token; set ROLLBOX_TOKEN or pass token=")
+            return AuthenticationError(
+                f"the rollbox server at {self.address} refused the token; set ROLLBOX_TOKEN "
+                "(in Python, RemoteBackend(token=...))")
         return error
 
     async def upgrade(self, path: str, key: str, *, timeout: float) -> Connection:

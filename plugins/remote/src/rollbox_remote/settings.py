@@ -40,9 +40,9 @@ def resolve_token(token: str | None, token_file: str | Path | None) -> str:
         found = path.read_text().strip()
     except OSError as exc:
         raise UsageError(
-            f"no token for the rollbox server: cannot read {path} ({exc.strerror}); pass "
-            "token= or set ROLLBOX_TOKEN / ROLLBOX_TOKEN_FILE (rollbox serve prints where "
-            "it wrote its token)"
+            f"no token for the rollbox server: cannot read {path} ({exc.strerror}); set "
+            "ROLLBOX_TOKEN or ROLLBOX_TOKEN_FILE (`rollbox serve` prints where it wrote its "
+            "token; in Python, RemoteBackend(token=...))"
         ) from None
     if not found:
         raise UsageError(f"the token file {path} is empty")
