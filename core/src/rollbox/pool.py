@@ -186,7 +186,11 @@ class Pool:
                 await self._close(sandbox)
                 return
             with self._in_transit_while():
-                clean = await self._reset(sandbox, lease.spec)
+                try:
+                    clean = await self._reset(sandbox, lease.spec)
+                except BaseException:  # cancelled mid-reset: in no known state, so it goes
+                    self._close_soon(sandbox)
+                    raise
             if clean:
                 self._park(sandbox, lease.spec)
         finally:
@@ -251,7 +255,8 @@ class Pool:
         for state in self._specs.values():
             state.idle.clear()
             state.leased = 0
-        await asyncio.gather(*(self._close(s) for s in victims), return_exceptions=True)
+        await asyncio.gather(*(self._close(s) for s in victims), *self._closing,
+                             return_exceptions=True)
         await self._notify_room()
 
     async def __aenter__(self) -> Pool:
@@ -277,7 +282,11 @@ class Pool:
                 sandbox = state.idle.popleft()
                 self._lru.pop(sandbox, None)
                 with self._in_transit_while():
-                    healthy = not self.health_check or await sandbox.ping()
+                    try:
+                        healthy = not self.health_check or await sandbox.ping()
+                    except BaseException:  # cancelled mid-check (its acquire timed out)
+                        self._park(sandbox, spec)
+                        raise
                 if healthy:
                     self.metrics.count("reuses")
                     return sandbox
@@ -372,12 +381,17 @@ class Pool:
 
     def _park(self, sandbox: Sandbox, spec: SandboxSpec) -> None:
         if self._closed:
-            task = asyncio.ensure_future(self._close(sandbox))
-            self._closing.add(task)
-            task.add_done_callback(self._closing.discard)
+            self._close_soon(sandbox)
             return
         self._state(spec).idle.append(sandbox)
         self._lru[sandbox] = spec
+
+    def _close_soon(self, sandbox: Sandbox) -> None:
+        """Close ``sandbox`` in a task of its own (``close()`` waits for it): for callers
+        that cannot wait, being cancelled or not async."""
+        task = asyncio.ensure_future(self._close(sandbox))
+        self._closing.add(task)
+        task.add_done_callback(self._closing.discard)
 
     async def _quarantine(self, sandbox: Sandbox, spec: SandboxSpec, reason: str) -> None:
         self.quarantined.append(Quarantined(sandbox.id, spec, reason))
