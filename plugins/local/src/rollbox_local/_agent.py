@@ -44,7 +44,8 @@ command starts with exactly fds 0, 1 and 2)::
 
 Status lines (one request each; the helper writes them)::
 
-    S <pid>        exec: started              X <n>      ended: exit code, or bytes moved
+    R              exec: received             S <pid>    exec: started
+    X <n>          ended: exit code, or bytes moved
     E <errno> <m>  could not do it            K          tree killed (after "kill")
     T <kind>       not a regular file         F <size>   file over the limit
 
@@ -858,6 +859,10 @@ class Helper:
     def exec(self, req: dict[str, Any], fds: list[int]) -> None:
         stdio, status = fds[:3], fds[3]
         try:
+            # Before anything runs: a request whose status ends without this line was
+            # never taken up (sent to a helper a command had just killed), and the
+            # backend may send it again without running anything twice.
+            _write(status, "R")
             try:
                 pid = _spawn(req, stdio)
             except OSError as exc:

@@ -31,6 +31,7 @@ class _Capture:
 
 @dataclass
 class Status:
+    received: bool = False  # a helper took the request up ("R")
     command: int | None = None  # pid of the command inside the sandbox
     exit_code: int | None = None
     error: tuple[int, str] | None = None  # (errno, message) when it could not start
@@ -146,7 +147,9 @@ class Execution:
     def _parse_status(self, line: str) -> None:
         tag, _, rest = line.partition(" ")
         st = self.status
-        if tag == "S":
+        if tag == "R":
+            st.received = True
+        elif tag == "S":
             st.command = int(rest)
         elif tag == "X":
             st.exit_code = int(rest)

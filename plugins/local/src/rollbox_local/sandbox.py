@@ -64,6 +64,9 @@ nothing writable with the fresh one (own mount, pid, net and user namespaces, ow
 upper layer) and, without network, cannot reach anything outside, so it is killed a
 moment later, off that command's path. With ``network="host"`` it is killed at once."""
 
+DELIVERY_ATTEMPTS = 3
+"""How often a command is sent when no helper takes it up (``_undelivered``)."""
+
 
 class LocalSandbox(Sandbox):
     def __init__(
@@ -271,13 +274,16 @@ class LocalSandbox(Sandbox):
     async def run(self, request: ExecRequest) -> ExecResult:
         loop = asyncio.get_running_loop()
         started = loop.time()
-        ex = self._launch(await self._agent(), request)
-        self._schedule_standby()
-        try:
-            await self._await_end(ex, request)
-            ex.drain()
-        finally:
-            ex.close()
+        for _ in range(DELIVERY_ATTEMPTS):
+            ex = self._launch(await self._agent(), request)
+            self._schedule_standby()
+            try:
+                await self._await_end(ex, request)
+                ex.drain()
+            finally:
+                ex.close()
+            if not self._undelivered(ex):
+                break
         out, err = ex.captures["stdout"], ex.captures["stderr"]
         return ExecResult(
             exit_code=await self._exit_code(ex, request),
@@ -287,6 +293,15 @@ class LocalSandbox(Sandbox):
             stdout_truncated=out.truncated,
             stderr_truncated=err.truncated,
         )
+
+    def _undelivered(self, ex: Execution) -> bool:
+        """No helper took the request up: its status ended before the "received" line,
+        the sandbox alive. A command that kills the sandbox's other processes (a cleanup
+        ``kill -9`` sweep) kills the agent's spare helpers too, and a request handed to
+        one while it was dying is lost with it; sending it again runs nothing twice."""
+        st = ex.status
+        return (not st.received and st.exit_code is None and st.error is None
+                and not st.killed and self._current is not None and self._current.alive)
 
     async def _await_end(self, ex: Execution, request: ExecRequest) -> None:
         try:
