@@ -463,8 +463,13 @@ class Pool:
             try:
                 with creating_ahead_of_need():  # nobody waits: backends may run it niced
                     sandbox = await self._create(spec)
-            except (SandboxError, PoolClosedError):
+            except RollboxError as error:
+                # A speculative create failed: count it (``_create`` counted a sandbox
+                # error already) and wake an acquire that waited for it, which then
+                # creates itself and meets the error, if it lasts, as its own.
                 state.filling -= 1
+                if not isinstance(error, SandboxError | PoolClosedError):
+                    self.metrics.failure(error)
                 await self._notify_room()
                 failures += 1
                 if failures >= 3:
