@@ -25,7 +25,7 @@ CreateFailedError. A create that fails deletes what it made.
 from __future__ import annotations
 
 import asyncio
-import contextlib
+import logging
 import os
 import secrets
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -64,6 +64,8 @@ from rollbox_kubernetes.status import ClaimState, claim_state, pod_problem, pod_
 from rollbox_kubernetes.transport import TransportOptions, Transports
 from rollbox_kubernetes.warmpools import WarmPools
 from rollbox_kubernetes.watcher import Watcher
+
+log = logging.getLogger(__name__)
 
 MODES = ("claim", "pod")
 
@@ -144,6 +146,7 @@ class KubernetesBackend(Backend):
         self.pools = WarmPools(self, min_replicas=warm_pool_min, floor=warm_replicas,
                                scale_delay_s=scale_delay_s)
         self._backing: dict[str, Resource] = {}  # sandbox id -> what close deletes
+        self._undeleted: list[tuple[Resource, str]] = []  # deletes the API server refused
         self._deny_all: asyncio.Task[None] | None = None
         self._client: KubeClient | None = None
         self._ws_api: CoreV1Api | None = None
@@ -403,6 +406,7 @@ class KubernetesBackend(Backend):
         for res, name in reversed(self.pools.owned):
             await self._delete_quietly(res, name)
         self.pools.owned.clear()
+        await self._delete_again()
         await self.transports.aclose()
         if self._client is not None:
             await self._client.close()
@@ -430,8 +434,27 @@ class KubernetesBackend(Backend):
             await client.close()
 
     async def _delete_quietly(self, res: Resource, name: str) -> None:
-        with contextlib.suppress(ApiError):
+        """Delete without raising (a close must not fail on it); one the API server
+        would not take (unreachable, overloaded past the client's retries) is kept, and
+        ``aclose`` tries it again."""
+        try:
             await asyncio.shield(self.client.delete(res, self.options.namespace, name))
+        except ApiError:
+            self._undeleted.append((res, name))
+
+    async def _delete_again(self) -> None:
+        """The deletes that failed, once more; what still fails is named in the log with
+        the command that removes it (``leftovers()`` lists it too)."""
+        undeleted, self._undeleted = self._undeleted, []
+        for res, name in undeleted:
+            await self._delete_quietly(res, name)
+        failed, self._undeleted = self._undeleted, []
+        if failed:
+            names = ", ".join(f"{res.kind} {name}" for res, name in failed[:10])
+            log.warning("could not delete %d object(s) of run %s in namespace %s (%s); "
+                        "remove them with `rollbox k8s reap --run-id %s`", len(failed),
+                        self.options.run_id, self.options.namespace, names,
+                        self.options.run_id)
 
     # -- error mapping -------------------------------------------------------------------
 
