@@ -10,7 +10,7 @@ from typing import Any
 
 from rollbox import cli_args
 from rollbox.plugins import DEFAULT_BACKEND, backend_class, backend_names, get_plugin_manager
-from rollbox.spec import Network, SandboxSpec, Timeouts
+from rollbox.spec import MiB, Network, SandboxSpec, Timeouts
 
 from rollbox_tools import terminal
 
@@ -38,7 +38,7 @@ def configure_run(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--workdir", type=cli_args.absolute, default="/",
                         help="working directory inside the sandbox")
     parser.add_argument("--max-output", type=cli_args.positive, metavar="MIB",
-                        default=SandboxSpec().output_limit_bytes / terminal.MiB,
+                        default=SandboxSpec().output_limit_bytes / MiB,
                         help="keep at most this many MiB of stdout and of stderr; more is "
                              "cut, said on stderr, and a command that exited 0 exits "
                              f"{terminal.EXIT_OUTPUT_CUT}")
@@ -57,7 +57,7 @@ def run(args: argparse.Namespace) -> int:
         image=args.image, network=Network(args.network), workdir=args.workdir,
         timeouts=Timeouts(exec_s=args.timeout),
     )
-    cap = max(1, int(args.max_output * terminal.MiB))
+    cap = max(1, int(args.max_output * MiB))
     name = "remote" if args.url else args.backend
     backend = backend_class(get_plugin_manager(), name)
     options: dict[str, Any] = {"url": args.url} if args.url else {}

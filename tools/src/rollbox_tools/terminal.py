@@ -22,9 +22,8 @@ from typing import BinaryIO, TextIO
 from rollbox.backend import Backend
 from rollbox.errors import CommandNotFoundError, ExecTimeoutError
 from rollbox.sandbox import ExecResult, Process, Sandbox, check_command
-from rollbox.spec import SandboxSpec
+from rollbox.spec import MiB, SandboxSpec
 
-MiB = 1024 * 1024
 EXIT_TIMEOUT = 124  # as timeout(1)
 EXIT_OUTPUT_CUT = 125  # the command exited 0, but its output was more than --max-output
 EXIT_NOT_FOUND = 127  # as a shell
