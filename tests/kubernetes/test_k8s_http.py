@@ -130,6 +130,20 @@ async def test_auto_uses_http_when_served(make_http: BackendFactory,
             await asyncio.sleep(0.05)
 
 
+@pytest.mark.parametrize("how", [{"warm_replicas": 1}, {}, {"mode": "pod"}],
+                         ids=["claim", "sandbox", "pod"])
+async def test_the_runtime_is_found_without_reading_the_pod(
+        make_http: BackendFactory, spec: SandboxSpec, how: dict[str, Any]) -> None:
+    """The pod IP comes with the ready object (``status.podIPs`` of the Sandbox, the
+    claim's ``status.sandbox.podIPs``, the pod's own status): at a thousand creations a
+    GET of each pod is a thousand requests through the client's pacing."""
+    backend = make_http(transport="http", **how)
+    async with await backend.create(spec) as sandbox:
+        assert isinstance(sandbox, KubeSandbox) and sandbox.pod_ip.startswith("127.")
+        assert (await sandbox.exec("echo hi")).stdout == b"hi\n"
+    assert backend.stats.by_resource[("get", "pods")] == 0
+
+
 async def test_auto_falls_back_to_pod_exec_when_not_served(
         make_backend: BackendFactory, spec: SandboxSpec) -> None:
     backend = make_backend()  # the plain emulator: nothing listens at the pod IP

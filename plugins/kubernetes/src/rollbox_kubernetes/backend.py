@@ -60,7 +60,14 @@ from rollbox_kubernetes.resources import (
 )
 from rollbox_kubernetes.runtime_http import RuntimeLimitError
 from rollbox_kubernetes.sandbox import KubeSandbox
-from rollbox_kubernetes.status import ClaimState, claim_state, pod_problem, pod_ready, sandbox_state
+from rollbox_kubernetes.status import (
+    ClaimState,
+    claim_state,
+    ip_of_pod,
+    pod_problem,
+    pod_ready,
+    sandbox_state,
+)
 from rollbox_kubernetes.transport import TransportOptions, Transports
 from rollbox_kubernetes.warmpools import WarmPools
 from rollbox_kubernetes.watcher import Watcher
@@ -244,12 +251,12 @@ class KubernetesBackend(Backend):
 
     async def _create_claim(self, spec: SandboxSpec, key: str, pool: str) -> KubeSandbox:
         name = self._name(key)
-        sandbox_name = await self._create_then(
+        ready = await self._create_then(
             CLAIMS, "claim", name, render.claim(name, pool, key, self.options),
             lambda created: self._await_ready(CLAIMS, name, created, spec, claim_state,
                                               nudge=lambda state, n: self._nudge_claim(
                                                   name, pool, state, n)))
-        return KubeSandbox(self, name, spec, pod=sandbox_name,
+        return KubeSandbox(self, name, spec, pod=ready.sandbox, pod_ip=ready.pod_ip,
                            base_env=render.container_env(spec))
 
     async def _create_sandbox(self, spec: SandboxSpec, key: str) -> KubeSandbox:
@@ -257,10 +264,11 @@ class KubernetesBackend(Backend):
         if spec.network is Network.NONE:
             await self._ensure_deny_all()
         name = self._name(key)
-        pod = await self._create_then(
+        ready = await self._create_then(
             SANDBOXES, "Sandbox", name, render.sandbox(name, spec, self.options),
             lambda created: self._await_ready(SANDBOXES, name, created, spec, sandbox_state))
-        return KubeSandbox(self, name, spec, pod=pod, base_env=render.container_env(spec))
+        return KubeSandbox(self, name, spec, pod=ready.sandbox, pod_ip=ready.pod_ip,
+                           base_env=render.container_env(spec))
 
     async def _ensure_deny_all(self) -> None:
         """The run's deny-all NetworkPolicy, before the first network=none Sandbox."""
@@ -281,10 +289,11 @@ class KubernetesBackend(Backend):
     async def _await_ready(
             self, res: Resource, name: str, created: Obj, spec: SandboxSpec,
             read: Callable[[Obj], ClaimState],
-            nudge: Callable[[ClaimState, int], Awaitable[None]] | None = None) -> str:
+            nudge: Callable[[ClaimState, int], Awaitable[None]] | None = None) -> ClaimState:
         """Watch a claim or Sandbox from the create response's resourceVersion until it
-        is Ready; returns its pod's name. ``read`` turns the object into a ClaimState;
-        ``nudge(state, n)`` is called, backing off, while ``state.missing``."""
+        is Ready; returns that state (its pod's name, and IP if shown). ``read`` turns the
+        object into a ClaimState; ``nudge(state, n)`` is called, backing off, while
+        ``state.missing``."""
         loop = asyncio.get_running_loop()
         started = loop.time()
         state = read(created)
@@ -315,7 +324,7 @@ class KubernetesBackend(Backend):
                 state = read(obj)
         finally:
             await watcher.close()
-        return state.sandbox
+        return state
 
     async def _nudge_claim(self, name: str, pool: str, state: ClaimState, n: int) -> None:
         """The controller reported claim ``name``'s template or warm pool (both named
@@ -365,11 +374,13 @@ class KubernetesBackend(Backend):
         if spec.network is Network.NONE:
             await self._ensure_deny_all()  # the pod carries its label (render.raw_pod)
         name = self._name(render.spec_key(spec, self.options))
-        await self._create_then(PODS, "pod", name, render.raw_pod(name, spec, self.options),
-                                lambda created: self._await_pod(name, created, spec))
-        return KubeSandbox(self, name, spec, pod=name, base_env=render.container_env(spec))
+        ip = await self._create_then(PODS, "pod", name, render.raw_pod(name, spec, self.options),
+                                     lambda created: self._await_pod(name, created, spec))
+        return KubeSandbox(self, name, spec, pod=name, pod_ip=ip,
+                           base_env=render.container_env(spec))
 
-    async def _await_pod(self, name: str, pod: Obj, spec: SandboxSpec) -> None:
+    async def _await_pod(self, name: str, pod: Obj, spec: SandboxSpec) -> str:
+        """Watch pod ``name`` until it is ready; returns its IP."""
         started = asyncio.get_running_loop().time()
         watcher = Watcher(self.client, PODS, self.options.namespace, name,
                           pod["metadata"]["resourceVersion"])
@@ -384,6 +395,7 @@ class KubernetesBackend(Backend):
                     raise CreateFailedError(f"pod {name} was deleted while starting")
         finally:
             await watcher.close()
+        return ip_of_pod(pod)
 
     # -- release and teardown ------------------------------------------------------------
 

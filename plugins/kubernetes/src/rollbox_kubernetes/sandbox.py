@@ -126,7 +126,7 @@ class KubeSandbox(Sandbox):
     """One pod, owned by a SandboxClaim (claim mode) or by nobody (raw-pod mode)."""
 
     def __init__(self, backend: KubernetesBackend, sandbox_id: str, spec: SandboxSpec, *,
-                 pod: str, base_env: dict[str, str]) -> None:
+                 pod: str, base_env: dict[str, str], pod_ip: str = "") -> None:
         super().__init__(sandbox_id, spec)
         self.backend = backend
         self.pod = pod
@@ -139,7 +139,7 @@ class KubeSandbox(Sandbox):
         # Set by transport.attach when the in-sandbox HTTP runtime answers: commands
         # without stdin, and files, then go there instead of through pod exec.
         self.runtime: RuntimeHttp | None = None
-        self.pod_ip = ""
+        self.pod_ip = pod_ip
 
     # -- exec --------------------------------------------------------------------------
 

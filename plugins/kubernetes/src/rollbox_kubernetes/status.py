@@ -40,6 +40,9 @@ class ClaimState:
     sandbox: str
     missing: bool = False
     """The controller has not found the claim's template or warm pool (yet)."""
+    pod_ip: str = ""
+    """The pod's IP as the controller copied it into the status (``podIPs``), so that a
+    ready sandbox needs no GET of its pod to be reached; "" when not shown (yet)."""
 
 
 def condition(obj: Obj, kind: str) -> Obj | None:
@@ -49,9 +52,25 @@ def condition(obj: Obj, kind: str) -> Obj | None:
     return None
 
 
+def first_ip(ips: Any) -> str:
+    """The first address of a status's ``podIPs``: strings in a Sandbox's and a claim's
+    status, ``{"ip": …}`` objects in a pod's."""
+    for entry in ips if isinstance(ips, list) else []:
+        ip = entry.get("ip") if isinstance(entry, dict) else entry
+        if isinstance(ip, str) and ip:
+            return ip
+    return ""
+
+
+def ip_of_pod(pod: Obj) -> str:
+    status = pod.get("status") or {}
+    return str(status.get("podIP") or "") or first_ip(status.get("podIPs"))
+
+
 def claim_state(claim: Obj) -> ClaimState:
     ready = condition(claim, "Ready") or {}
-    sandbox = ((claim.get("status") or {}).get("sandbox") or {}).get("name") or ""
+    bound = (claim.get("status") or {}).get("sandbox") or {}
+    sandbox = bound.get("name") or ""
     reason = str(ready.get("reason", ""))
     return ClaimState(
         ready=ready.get("status") == "True" and bool(sandbox),
@@ -60,6 +79,7 @@ def claim_state(claim: Obj) -> ClaimState:
         message=str(ready.get("message", "")),
         sandbox=sandbox,
         missing=ready.get("status") == "False" and reason in MISSING_DEPENDENCY_REASONS,
+        pod_ip=first_ip(bound.get("podIPs")),
     )
 
 
@@ -78,14 +98,15 @@ def sandbox_state(sandbox: Obj) -> ClaimState:
         reason = str(finished.get("reason", "Finished"))
         message = str(finished.get("message", ""))
     return ClaimState(ready=ready.get("status") == "True" and not terminal,
-                      terminal=terminal, reason=reason, message=message, sandbox=str(pod))
+                      terminal=terminal, reason=reason, message=message, sandbox=str(pod),
+                      pod_ip=first_ip((sandbox.get("status") or {}).get("podIPs")))
 
 
 def pod_ready(pod: Obj) -> bool:
     status = pod.get("status") or {}
     ready = condition(pod, "Ready") or {}
     return (status.get("phase") == "Running" and ready.get("status") == "True"
-            and bool(status.get("podIP") or status.get("podIPs")))
+            and bool(ip_of_pod(pod)))
 
 
 def pod_problem(pod: Obj) -> tuple[str, str] | None:

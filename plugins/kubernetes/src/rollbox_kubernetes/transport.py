@@ -34,6 +34,7 @@ from rollbox_kubernetes.client import ApiError, KubeClient
 from rollbox_kubernetes.resources import PODS
 from rollbox_kubernetes.runtime_http import DEFAULT_PORT, RuntimeHttp
 from rollbox_kubernetes.sandbox import KubeSandbox
+from rollbox_kubernetes.status import ip_of_pod
 
 TRANSPORTS = ("auto", "exec", "http")
 _GIVE_UP_AFTER = 3  # auto: consecutive probe timeouts, with no success ever, before giving up
@@ -190,7 +191,7 @@ class Transports:
             except ApiError as error:
                 obj, unreachable = {}, patience > 0 and (error.status == 0
                                                          or error.status >= 500)
-            ip = str((obj.get("status") or {}).get("podIP") or "")
+            ip = ip_of_pod(obj)
             if ip or (loop.time() >= deadline and not unreachable):
                 return ip
             await asyncio.sleep(0.2)
