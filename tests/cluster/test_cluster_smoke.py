@@ -48,3 +48,33 @@ async def test_a_sandbox_runs_commands(make_backend: BackendFactory, k8s_cluster
         assert ipaddress.ip_address(pod["status"]["podIP"]).is_loopback
         assert pod["spec"]["nodeName"] in k8s_cluster.require_plane().nodes
     assert backend.transports.stats["execute"] > 0 if transport == "http" else True
+
+
+@pytest.mark.parametrize("how", [{"warm_replicas": 1}, {}, {"mode": "pod"}],
+                         ids=["claim", "sandbox", "pod"])
+async def test_a_ready_sandbox_brings_its_pod_ip(make_backend: BackendFactory,
+                                                 k8s_cluster: ClusterAccess,
+                                                 how: dict[str, object]) -> None:
+    """The real controller copies the pod IP into the claim's and the Sandbox's status
+    (``podIPs``): the backend reaches the runtime without a GET of the pod."""
+    k8s_cluster.require_http()
+    # (no look at a slow pod for image errors either: those are GETs of the pod too)
+    backend = make_backend(transport="http", probe_after_s=600, **how)
+    async with await backend.create(SPEC) as sandbox:
+        assert backend.stats.by_resource[("get", "pods")] == 0
+        pod = await backend.client.get(PODS, backend.options.namespace, sandbox.pod)
+        assert sandbox.pod_ip == pod["status"]["podIP"]
+        assert (await sandbox.exec("echo hi")).stdout == b"hi\n"
+
+
+def test_no_api_version_conversion_fails(k8s_cluster: ClusterAccess) -> None:
+    """The controller runs without its conversion webhook, so the CRDs convert with
+    ``strategy: None`` (as its startup message asks): a ``Webhook`` strategy pointing at
+    no service kept the API server's v1alpha1 watch caches failing, and stalled bursts of
+    watches for minutes (docs/benchmarks.md)."""
+    plane = k8s_cluster.require_plane()
+    for crd in json.loads(kubectl(k8s_cluster, "get", "crd", "-o", "json").stdout)["items"]:
+        if crd["spec"]["group"].endswith("agents.x-k8s.io"):
+            assert crd["spec"]["conversion"]["strategy"] == "None", crd["metadata"]["name"]
+    log = (plane.logs / "kube-apiserver.log").read_text(errors="replace")
+    assert "conversion webhook" not in log

@@ -492,8 +492,19 @@ class ControlPlane:
 
     def _bootstrap(self, deadline: float) -> None:
         """CRDs (server-side apply: the Sandbox CRD is too big for a client-side one),
-        the controller's upstream ClusterRoles bound to its user, the test namespace."""
+        the controller's upstream ClusterRoles bound to its user, the test namespace.
+
+        The stock CRDs convert between v1alpha1 and v1beta1 through the controller's
+        webhook, which runs with ``--enable-webhook=false`` here; upstream says such an
+        install must use ``conversion.strategy=None``. Left at ``Webhook``, the API
+        server's v1alpha1 watch cache fails and reinitializes forever (a few error lines
+        a second), and bursts of this benchmark's v1beta1 watches stalled for about
+        four minutes in some runs, the claims and Sandboxes they waited for long ready.
+        """
         self.kubectl("apply", "--server-side", "-f", str(self.crds))
+        for crd in CRD_NAMES:
+            self.kubectl("patch", f"crd/{crd}", "--type=merge", "-p",
+                         '{"spec":{"conversion":{"strategy":"None","webhook":null}}}')
         self.kubectl("apply", "--server-side", "-f", str(self.rbac))
         bindings = [{
             "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
