@@ -294,6 +294,34 @@ async def test_a_cleanup_that_kills_every_other_process_fails_no_later_command(
     assert set(codes) == {0}, sorted(set(codes))
 
 
+async def test_a_cleanup_that_kills_every_other_process_fails_no_later_stream(
+        backend: LocalBackend) -> None:
+    """The same for a streamed command, with stdin: one whose request died with a spare
+    helper is sent again, with what was written to its stdin, and streams as usual."""
+    boxes = [await backend.create(HOST) for _ in range(4)]
+
+    async def cleanups(box: LocalSandbox) -> list[tuple[int, bytes]]:
+        seen = []
+        for i in range(60):
+            if i % 3 == 0:
+                await box.exec("sleep 30 &")  # something for the cleanup to find
+            await box.exec(["sh", "-c", KILL_EVERY_OTHER_PROCESS], timeout=30)
+            process = await box.stream(["cat"], timeout=30)
+            await process.write_stdin(b"fed")
+            await process.close_stdin()
+            out = b"".join([chunk.data async for chunk in process])
+            seen.append((await process.wait(), out))
+        return seen
+
+    try:
+        seen = [s for found in await asyncio.gather(*(cleanups(b) for b in boxes))
+                for s in found]
+    finally:
+        for box in boxes:
+            await box.close()
+    assert set(seen) == {(0, b"fed")}, sorted(set(seen))
+
+
 async def test_a_timeout_kills_exactly_the_timed_out_commands_tree(sandbox: LocalSandbox) -> None:
     daemon = "(setsid sh -c 'echo $$ > /tmp/{name}; exec sleep 300' > /dev/null 2>&1 &)"
     # B starts a daemon of its own, then hangs until its timeout...

@@ -486,20 +486,55 @@ class LocalSandbox(Sandbox):
 
 
 class LocalProcess(Process):
-    """A streaming command: chunks as they arrive, stdin, signals."""
+    """A streaming command: chunks as they arrive, stdin, signals.
+
+    Like ``run``, it sends a request again that no helper took up (see
+    ``LocalSandbox._undelivered``), with whatever was written to its stdin meanwhile:
+    until the "received" line that stdin is kept, since no command has read it."""
 
     def __init__(self, sandbox: LocalSandbox, agent: AgentChannel, request: ExecRequest) -> None:
         self._sandbox = sandbox
         self._request = request
         self._queue: asyncio.Queue[OutputChunk | None] = asyncio.Queue()
-        self._ex = sandbox._launch(agent, request, on_chunk=self._chunk)
-        self._ex.streams_closed.add_done_callback(lambda _: self._queue.put_nowait(None))
-        self._ex.ended.add_done_callback(self._on_end)
         self._budget = {"stdout": request.output_limit, "stderr": request.output_limit}
         self.truncated = False
         self._code: int | None = None
+        self._attempts = 1
+        self._unreceived_stdin = bytearray()
+        self._stdin_ended = False
+        self._ex = self._launch(agent)
         # Enforces the timeout from the start, whether or not anyone is waiting yet.
-        self._watchdog = asyncio.ensure_future(sandbox._await_end(self._ex, request))
+        self._watchdog = asyncio.ensure_future(self._supervise())
+
+    def _launch(self, agent: AgentChannel) -> Execution:
+        ex = self._sandbox._launch(agent, self._request, on_chunk=self._chunk)
+        if self._unreceived_stdin:
+            ex.feed_stdin(bytes(self._unreceived_stdin))
+        if self._stdin_ended:
+            ex.end_stdin()
+        ex.ended.add_done_callback(lambda _: self._on_end(ex))
+        ex.streams_closed.add_done_callback(
+            lambda _: ex.ended.add_done_callback(lambda _: self._on_streams_closed(ex)))
+        return ex
+
+    def _sent_again(self, ex: Execution) -> bool:
+        """Whether ``ex`` ended undelivered and is (about to be) sent again."""
+        return self._attempts < DELIVERY_ATTEMPTS and self._sandbox._undelivered(ex)
+
+    async def _supervise(self) -> None:
+        while True:
+            ex = self._ex
+            await self._sandbox._await_end(ex, self._request)
+            if not self._sent_again(ex):
+                return
+            ex.close()
+            try:
+                agent = await self._sandbox._agent()
+            except BaseException:
+                self._queue.put_nowait(None)  # the sandbox is gone: so is the stream
+                raise
+            self._attempts += 1
+            self._ex = self._launch(agent)
 
     def _chunk(self, stream: str, data: bytes) -> None:
         room = self._budget[stream]
@@ -510,9 +545,16 @@ class LocalProcess(Process):
         if data:
             self._queue.put_nowait(OutputChunk(stream, data))  # type: ignore[arg-type]
 
-    def _on_end(self, _: object) -> None:
+    def _on_end(self, ex: Execution) -> None:
         # Background processes may keep the pipes open: stop streaming shortly after.
-        asyncio.get_running_loop().call_later(0.05, self._ex.close)
+        if not self._sent_again(ex):
+            asyncio.get_running_loop().call_later(0.05, ex.close)
+
+    def _on_streams_closed(self, ex: Execution) -> None:
+        """The stream ends once the command's pipes closed and its end is known (pipes
+        that closed with a helper that never took the request up end nothing)."""
+        if ex is self._ex and not self._sent_again(ex):
+            self._queue.put_nowait(None)
 
     async def _iterate(self) -> AsyncIterator[OutputChunk]:
         while (chunk := await self._queue.get()) is not None:
@@ -522,9 +564,12 @@ class LocalProcess(Process):
         return self._iterate()
 
     async def write_stdin(self, data: bytes) -> None:
+        if not self._ex.status.received:
+            self._unreceived_stdin += data
         self._ex.feed_stdin(data)
 
     async def close_stdin(self) -> None:
+        self._stdin_ended = True
         self._ex.end_stdin()
 
     async def send_signal(self, signum: int) -> None:
