@@ -499,7 +499,6 @@ class LocalProcess(Process):
         self._budget = {"stdout": request.output_limit, "stderr": request.output_limit}
         self.truncated = False
         self._code: int | None = None
-        self._attempts = 1
         self._unreceived_stdin = bytearray()
         self._stdin_ended = False
         self._ex = self._launch(agent)
@@ -512,29 +511,24 @@ class LocalProcess(Process):
             ex.feed_stdin(bytes(self._unreceived_stdin))
         if self._stdin_ended:
             ex.end_stdin()
-        ex.ended.add_done_callback(lambda _: self._on_end(ex))
-        ex.streams_closed.add_done_callback(
-            lambda _: ex.ended.add_done_callback(lambda _: self._on_streams_closed(ex)))
         return ex
 
-    def _sent_again(self, ex: Execution) -> bool:
-        """Whether ``ex`` ended undelivered and is (about to be) sent again."""
-        return self._attempts < DELIVERY_ATTEMPTS and self._sandbox._undelivered(ex)
-
     async def _supervise(self) -> None:
-        while True:
-            ex = self._ex
-            await self._sandbox._await_end(ex, self._request)
-            if not self._sent_again(ex):
-                return
-            ex.close()
-            try:
-                agent = await self._sandbox._agent()
-            except BaseException:
-                self._queue.put_nowait(None)  # the sandbox is gone: so is the stream
-                raise
-            self._attempts += 1
-            self._ex = self._launch(agent)
+        """Until the command's end (or its timeout): send the request again while no
+        helper took it up. Then the stream ends once the command's pipes close, or
+        shortly after its end (background processes may keep them open)."""
+        try:
+            for attempt in range(1, DELIVERY_ATTEMPTS + 1):
+                ex = self._ex
+                await self._sandbox._await_end(ex, self._request)
+                if attempt == DELIVERY_ATTEMPTS or not self._sandbox._undelivered(ex):
+                    return
+                ex.close()
+                self._ex = self._launch(await self._sandbox._agent())
+        finally:
+            last = self._ex
+            asyncio.get_running_loop().call_later(0.05, last.close)
+            last.streams_closed.add_done_callback(lambda _: self._queue.put_nowait(None))
 
     def _chunk(self, stream: str, data: bytes) -> None:
         room = self._budget[stream]
@@ -544,17 +538,6 @@ class LocalProcess(Process):
         self._budget[stream] = room - len(data)
         if data:
             self._queue.put_nowait(OutputChunk(stream, data))  # type: ignore[arg-type]
-
-    def _on_end(self, ex: Execution) -> None:
-        # Background processes may keep the pipes open: stop streaming shortly after.
-        if not self._sent_again(ex):
-            asyncio.get_running_loop().call_later(0.05, ex.close)
-
-    def _on_streams_closed(self, ex: Execution) -> None:
-        """The stream ends once the command's pipes closed and its end is known (pipes
-        that closed with a helper that never took the request up end nothing)."""
-        if ex is self._ex and not self._sent_again(ex):
-            self._queue.put_nowait(None)
 
     async def _iterate(self) -> AsyncIterator[OutputChunk]:
         while (chunk := await self._queue.get()) is not None:
