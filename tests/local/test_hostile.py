@@ -12,8 +12,9 @@ import stat
 import sys
 import textwrap
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
+from typing import TypeVar
 
 import pytest
 from rollbox import SandboxSpec
@@ -27,6 +28,7 @@ from rollbox_local import LocalBackend
 from rollbox_local.sandbox import LocalSandbox
 
 HOST = SandboxSpec(image="host")
+T = TypeVar("T")
 
 
 @pytest.fixture
@@ -266,6 +268,30 @@ for round in 1 2 3 4 5 6 7 8; do
 done"""
 
 
+async def _after_cleanups(backend: LocalBackend,
+                          follow_up: Callable[[LocalSandbox], Awaitable[T]]) -> set[tuple[int, T]]:
+    """Four sandboxes, 60 rounds each: now and then a background process, then a cleanup
+    that SIGKILLs every other process of the sandbox, then ``follow_up``. What was seen:
+    each cleanup's exit code with its follow-up's outcome."""
+    boxes = [await backend.create(HOST) for _ in range(4)]
+
+    async def rounds(box: LocalSandbox) -> list[tuple[int, T]]:
+        seen = []
+        for i in range(60):
+            if i % 3 == 0:
+                await box.exec("sleep 30 &")  # something for the cleanup to find
+            cleanup = await box.exec(["sh", "-c", KILL_EVERY_OTHER_PROCESS], timeout=30)
+            seen.append((cleanup.exit_code, await follow_up(box)))
+        return seen
+
+    try:
+        found = await asyncio.gather(*(rounds(box) for box in boxes))
+    finally:
+        for box in boxes:
+            await box.close()
+    return {outcome for outcomes in found for outcome in outcomes}
+
+
 async def test_a_cleanup_that_kills_every_other_process_fails_no_later_command(
         backend: LocalBackend) -> None:
     """A command that SIGKILLs every process of its sandbox but its own ancestors (what a
@@ -273,53 +299,26 @@ async def test_a_cleanup_that_kills_every_other_process_fails_no_later_command(
     spare helpers too. A command sent to one while it was dying used to be lost with it
     and come back as exit -9 with no output (25 of 400 here, 1 reset in 4,000 on the test
     cluster); no helper took it up, so it is sent again."""
-    boxes = [await backend.create(HOST) for _ in range(4)]
 
-    async def cleanups(box: LocalSandbox) -> list[int]:
-        codes = []
-        for i in range(60):
-            if i % 3 == 0:
-                await box.exec("sleep 30 &")  # something for the cleanup to find
-            codes.append((await box.exec(["sh", "-c", KILL_EVERY_OTHER_PROCESS],
-                                         timeout=30)).exit_code)
-            codes.append((await box.exec(["true"], timeout=30)).exit_code)
-        return codes
+    async def true(box: LocalSandbox) -> int:
+        return (await box.exec(["true"], timeout=30)).exit_code
 
-    try:
-        codes = [c for found in await asyncio.gather(*(cleanups(b) for b in boxes))
-                 for c in found]
-    finally:
-        for box in boxes:
-            await box.close()
-    assert set(codes) == {0}, sorted(set(codes))
+    assert await _after_cleanups(backend, true) == {(0, 0)}
 
 
 async def test_a_cleanup_that_kills_every_other_process_fails_no_later_stream(
         backend: LocalBackend) -> None:
     """The same for a streamed command, with stdin: one whose request died with a spare
     helper is sent again, with what was written to its stdin, and streams as usual."""
-    boxes = [await backend.create(HOST) for _ in range(4)]
 
-    async def cleanups(box: LocalSandbox) -> list[tuple[int, bytes]]:
-        seen = []
-        for i in range(60):
-            if i % 3 == 0:
-                await box.exec("sleep 30 &")  # something for the cleanup to find
-            await box.exec(["sh", "-c", KILL_EVERY_OTHER_PROCESS], timeout=30)
-            process = await box.stream(["cat"], timeout=30)
-            await process.write_stdin(b"fed")
-            await process.close_stdin()
-            out = b"".join([chunk.data async for chunk in process])
-            seen.append((await process.wait(), out))
-        return seen
+    async def cat(box: LocalSandbox) -> tuple[int, bytes]:
+        process = await box.stream(["cat"], timeout=30)
+        await process.write_stdin(b"fed")
+        await process.close_stdin()
+        out = b"".join([chunk.data async for chunk in process])
+        return await process.wait(), out
 
-    try:
-        seen = [s for found in await asyncio.gather(*(cleanups(b) for b in boxes))
-                for s in found]
-    finally:
-        for box in boxes:
-            await box.close()
-    assert set(seen) == {(0, b"fed")}, sorted(set(seen))
+    assert await _after_cleanups(backend, cat) == {(0, (0, b"fed"))}
 
 
 async def test_a_timeout_kills_exactly_the_timed_out_commands_tree(sandbox: LocalSandbox) -> None:
