@@ -547,7 +547,9 @@ class LocalProcess(Process):
         return self._iterate()
 
     async def write_stdin(self, data: bytes) -> None:
-        if not self._ex.status.received:
+        if self._ex.status.received:  # never sent again: no copy to keep
+            self._unreceived_stdin.clear()
+        else:
             self._unreceived_stdin += data
         self._ex.feed_stdin(data)
 
