@@ -1,7 +1,7 @@
 """The first command of a fresh generation (after a reset, or a sandbox's first) costs
-its agent and helper no more than a steady one: both were forked just before, and the
-agent walks the request path once at boot (``Agent.rehearse``, ``Helper.warm_up``) so
-their copy-on-write faults are paid while the generation boots, not by the command.
+its agent and helper no more than a steady one: the helper was forked just before, and
+walks its request path once at boot (``Helper.warm_up``) so its copy-on-write faults
+are paid while the generation boots, not by the command.
 Counted in page faults (a count, not a timing: the same on a busy machine)."""
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ async def test_a_fresh_generations_first_command_faults_like_a_steady_one(
     try:
         for _ in range(5):
             await sandbox.reset()
-            await asyncio.sleep(0.1)  # its agent has booted (and rehearsed)
+            await asyncio.sleep(0.1)  # its agent has booted (its helper warmed up)
             first.append(await faults_of_one_command(sandbox))
             steady.append(await faults_of_one_command(sandbox))
     finally:

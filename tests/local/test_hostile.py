@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TypeVar
 
 import pytest
-from rollbox import SandboxSpec
+from rollbox import Resources, SandboxSpec
 from rollbox.errors import (
     ExecTimeoutError,
     NotRegularFileError,
@@ -321,6 +321,26 @@ async def test_a_cleanup_that_kills_every_other_process_fails_no_later_stream(
     assert await _after_cleanups(backend, cat) == {(0, (0, b"fed"))}
 
 
+async def test_a_sandbox_at_its_process_limit_keeps_its_agent(backend: LocalBackend) -> None:
+    """A command fills its sandbox's process table; commands that need a new helper
+    meanwhile cannot have one. The agent used to die of its failed fork and take the
+    sandbox with it; now such a command fails to start (exit 126, as one its helper
+    cannot spawn) and the sandbox runs commands again once the sleepers end."""
+    spec = SandboxSpec(image="host", resources=Resources(pids=32))
+    async with await backend.create(spec) as box:
+        await box.exec("i=0; while [ $i -lt 64 ]; do sleep 3 </dev/null >/dev/null 2>&1 & "
+                       "i=$((i+1)); done; true", timeout=30)
+        answers = await asyncio.gather(*(box.exec(["true"], timeout=30) for _ in range(4)),
+                                       return_exceptions=True)
+        assert all(getattr(a, "exit_code", None) in (0, 126) for a in answers), answers
+        assert 126 in {getattr(a, "exit_code", None) for a in answers}, "not at the limit"
+        for _ in range(100):
+            await asyncio.sleep(0.1)
+            if (await box.exec("echo alive", timeout=30)).text == "alive\n":
+                break
+        assert (await box.exec("echo alive", timeout=30)).text == "alive\n"
+
+
 async def test_a_timeout_kills_exactly_the_timed_out_commands_tree(sandbox: LocalSandbox) -> None:
     daemon = "(setsid sh -c 'echo $$ > /tmp/{name}; exec sleep 300' > /dev/null 2>&1 &)"
     # B starts a daemon of its own, then hangs until its timeout...
@@ -398,7 +418,7 @@ async def test_ports_are_reached_through_the_agent_only(sandbox: LocalSandbox) -
 
 OWNER = textwrap.dedent("""
     import asyncio, os, sys
-    from rollbox import SandboxSpec
+    from rollbox import Resources, SandboxSpec
     from rollbox_local import LocalBackend
 
     async def main():

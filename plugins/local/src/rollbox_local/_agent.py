@@ -20,18 +20,26 @@ each::
                        dumpable, a seccomp filter and the sandbox's rlimits. It serves
                        the socketpair.
 
-The **agent** never runs anything itself. It keeps a spare **helper** (a fork of
-itself, made ahead of need) and hands each request to one, so a request never waits for
-a fork. A helper serves exactly one request and is a child subreaper: every process a
-command starts, daemons that double-fork and call ``setsid`` included, stays in the
-helper's subtree until it exits. That subtree is the command's tree — what a timeout
-kills, exactly, and nothing of any other command. A helper that is killed from inside
-(a command may signal its own helper: same uid) leaves strays to the agent, which kills
-them. Helpers and the agent are not dumpable: a command cannot ptrace them or open
-their file descriptors through /proc.
+The **agent** never runs anything itself, and requests do not pass through it. It forks
+**helpers** (forks of itself) and hands each one's socket to the backend, which keeps
+the idle ones and sends each request straight to one: a request crosses one process
+boundary, not two, and never waits for a fork unless every helper is busy. A helper
+serves one request at a time and is a child subreaper: every process a command starts,
+daemons that double-fork and call ``setsid`` included, stays in the helper's subtree
+until it exits. That subtree is the command's tree — what a timeout kills, exactly, and
+nothing of any other command. A helper that is killed from inside (a command may signal
+its own helper: same uid) leaves strays to the agent, which kills them. Helpers and the
+agent are not dumpable: a command cannot ptrace them or open their file descriptors
+through /proc.
 
-Requests (JSON, file descriptors by SCM_RIGHTS; every fd arrives close-on-exec, and a
-command starts with exactly fds 0, 1 and 2)::
+The agent's socket (JSON from the backend; every fd arrives close-on-exec)::
+
+    {"op": "helper"}                 fork a helper: answered "H <pid>" + its socket,
+                                     or "N <errno> <why>" (the sandbox's process limit)
+    {"op": "cont", "pid": P}         SIGCONT helper P (its command may have stopped it)
+    {"op": "freeze"} / {"op": "thaw"} + status: stop / continue every process
+
+A helper's socket (a command starts with exactly fds 0, 1 and 2)::
 
     {"op": "exec", "id": N, "argv": [...], "env": {...}, "cwd": "/"}
                                       + stdin, stdout, stderr, status
@@ -40,7 +48,8 @@ command starts with exactly fds 0, 1 and 2)::
     {"op": "connect", "id": N, "port": P}                    + reply (unix socket)
     {"op": "signal", "id": N, "sig": 15}   signal the command's process group
     {"op": "kill", "id": N}                kill the request's whole tree
-    {"op": "freeze"} / {"op": "thaw"}      + status: stop / continue every process
+
+and, from the helper, "idle" once a request is done and its subtree empty.
 
 Status lines (one request each; the helper writes them)::
 
@@ -540,52 +549,18 @@ def _become_agent(req: dict[str, Any], channel: int) -> None:
 # -- the agent ----------------------------------------------------------------------------
 
 FORWARDED = ("exec", "read", "write", "connect")
-
-
-def _rehearsal_fds() -> list[int]:
-    """Stand-ins for an exec request's stdin, stdout, stderr and status."""
-    stdin_r, stdin_w = os.pipe2(os.O_CLOEXEC)
-    out_r, out_w = os.pipe2(os.O_CLOEXEC)
-    return [stdin_r, stdin_w, out_r, out_w]
-
-
-def _send_rehearsal(sock: socket.socket, fds: list[int]) -> None:
-    """An exec request of ``WARM_UP_PATH`` on ``sock``, with ``fds`` as its stdio."""
-    request = {"op": "exec", "id": REHEARSAL, "argv": [WARM_UP_PATH], "env": {}, "cwd": "/"}
-    stdio = [fds[0], fds[3], fds[3], fds[3]]  # stdin; stdout, stderr, status: one pipe
-    sock.sendmsg([json.dumps(request).encode()],
-                 [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", stdio).tobytes())])
-
-
-REHEARSAL = -1
-"""The id of the agent's own request at boot (``Agent.rehearse``)."""
-NO_PROCESS = 0x7FFFFFFF
-"""The stand-in helper's pid: above any pid_max, so a signal meant for it reaches nobody
-(-1 or 0 would reach every process of the sandbox, or the agent's group)."""
-WARM_UP_PATH = "/.rollbox-warm-up"
-"""Run by the rehearsal and by each helper's warm-up: a path no image has (it fails)."""
-MAX_IDLE_HELPERS = 2
-REFILL_AFTER_MS = 5
-
-
-class HelperRef:
-    """The agent's view of one helper: its pid, its socket, the request it serves."""
-
-    __slots__ = ("pid", "request", "sock")
-
-    def __init__(self, pid: int, sock: socket.socket) -> None:
-        self.pid = pid
-        self.sock = sock
-        self.request: int | None = None
+"""What a helper serves (sent to it by the backend, never through the agent)."""
 
 
 class Agent:
+    """Pid 1 of the sandbox: forks helpers and hands their sockets to the backend,
+    which sends requests straight to them (one process boundary per request, not two);
+    continues a helper that its own command stopped; reaps, and kills the strays a
+    helper killed from inside leaves behind; freezes the sandbox for a snapshot."""
+
     def __init__(self, sock: socket.socket) -> None:
         self.sock = sock
-        self.helpers: dict[int, HelperRef] = {}  # by pid
-        self.by_fd: dict[int, HelperRef] = {}  # by the agent's end of its socket
-        self.jobs: dict[int, HelperRef] = {}  # by request id
-        self.idle: list[HelperRef] = []
+        self.helpers: set[int] = set()
         self.purge = False  # a helper died from a signal: kill the strays it left
         self.poller = select.poll()
         self.wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
@@ -593,21 +568,15 @@ class Agent:
         signal.signal(signal.SIGCHLD, lambda *_: None)
 
     def serve(self) -> None:
-        self.idle.append(self.fork_helper())
-        self.rehearse()
+        self.give_helper()  # the first one, warming itself while the backend gets "R"
         self.sock.send(b"R")  # ready
         self.poller.register(self.sock.fileno(), select.POLLIN)
         self.poller.register(self.wake_r, select.POLLIN)
         while True:
-            # A helper is made ahead of need only when nothing else is going on, so the
-            # fork never competes with a command that has just started.
-            timeout = REFILL_AFTER_MS if not self.idle else None
             try:
-                events = self.poller.poll(timeout)
+                events = self.poller.poll()
             except InterruptedError:
                 continue
-            if not events and not self.idle:
-                self.idle.append(self.fork_helper())
             for fd, _ in events:
                 if fd == self.wake_r:
                     try:
@@ -615,56 +584,30 @@ class Agent:
                     except OSError:
                         pass
                     self.reap()
-                elif fd in self.by_fd:
-                    self.helper_says(self.by_fd[fd])
                 elif not self.handle():
                     return
 
-    def rehearse(self) -> None:
-        """Walk the agent's request path once before saying ready, against stand-ins (a
-        socket pair for the backend, another for a helper). The agent was just forked:
-        its first request writes to pages it still shares with the zygote (~90
-        copy-on-write faults), paid here, while the generation boots, not by the
-        sandbox's first command. No other process takes part, so the boot waits on no
-        other process's turn on the CPU (a standby boots at a low CPU weight); the spare
-        helper warms itself meanwhile (``Helper.warm_up``)."""
-        backend, spares = self.sock, self.idle
-        requests, orders = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        stand_in, helper_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        fds = _rehearsal_fds()
-        try:
-            _send_rehearsal(orders, fds)
-            self.sock, self.idle = requests, [HelperRef(NO_PROCESS, stand_in)]
-            self.handle()  # parsed and handed to the stand-in
-            ref = self.jobs.get(REHEARSAL)
-            if ref is not None:
-                helper_end.send(b"idle")
-                self.helper_says(ref)
-        except OSError:
-            pass
-        finally:
-            self.sock, self.idle = backend, spares
-            self.jobs.pop(REHEARSAL, None)
-            for sock in (requests, orders, stand_in, helper_end):
-                sock.close()
-            _close(*fds)
-
-    def fork_helper(self) -> HelperRef:
+    def give_helper(self) -> None:
+        """Fork a helper and send the backend its socket ("H <pid>"), or say why not
+        ("N <errno> <why>": the sandbox is at its process limit)."""
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        pid = os.fork()
-        if pid == 0:  # keep nothing of the agent's: other helpers' sockets, other
-            # requests' pipes (a held write end would keep a reader from its EOF)
+        try:
+            pid = os.fork()
+        except OSError as exc:
+            ours.close()
+            theirs.close()
+            _send_quietly(self.sock, f"N {exc.errno or 0} {exc.strerror}".encode())
+            return
+        if pid == 0:  # keep nothing of the agent's: its socket, other requests' pipes
             keep = theirs.fileno()
             os.closerange(3, keep)
             os.closerange(keep + 1, 65536)
             Helper(theirs).serve()
             os._exit(0)
         theirs.close()
-        ref = HelperRef(pid, ours)
-        self.helpers[pid] = ref
-        self.by_fd[ours.fileno()] = ref
-        self.poller.register(ours.fileno(), select.POLLIN)
-        return ref
+        self.helpers.add(pid)
+        _send_quietly(self.sock, f"H {pid}".encode(), [ours.fileno()])
+        ours.close()
 
     def handle(self) -> bool:
         try:
@@ -673,73 +616,22 @@ class Agent:
             return True
         if not msg:
             return False
+        _close(*fds[1:])
         try:
             req = json.loads(msg)
-            op, rid = req["op"], req.get("id")
+            op = req["op"]
         except (ValueError, KeyError, TypeError):
-            _close(*fds)
+            _close(*fds[:1])
             return True
-        if op in FORWARDED:
-            self.dispatch(rid, msg, fds)
-        elif op in ("signal", "kill"):
-            ref = self.jobs.get(rid)
-            if ref is not None:
-                if op == "kill":  # a command may have stopped its own helper
-                    _signal(ref.pid, signal.SIGCONT)
-                try:
-                    ref.sock.send(msg)
-                except OSError:
-                    pass
-            _close(*fds)
+        if op == "helper":
+            self.give_helper()
+        elif op == "cont" and req.get("pid") in self.helpers:
+            _signal(req["pid"], signal.SIGCONT)  # a command may have stopped its helper
         elif op in ("freeze", "thaw") and fds:
             ok = freeze(op == "freeze")
             _write(fds[0], "X 0" if ok else f"E {errno.EBUSY} its processes would not stop")
-            _close(*fds)
-        else:
-            _close(*fds)
+        _close(*fds[:1])
         return True
-
-    def dispatch(self, rid: int, msg: bytes, fds: list[int]) -> None:
-        """Hand a request to an idle helper (a fresh one if none is idle)."""
-        for _ in range(3):
-            ref = self.idle.pop() if self.idle else self.fork_helper()
-            try:
-                ref.sock.sendmsg([msg], [(socket.SOL_SOCKET, socket.SCM_RIGHTS,
-                                          array.array("i", fds).tobytes())])
-            except OSError:
-                _signal(ref.pid, signal.SIGKILL)
-                continue
-            ref.request = rid
-            self.jobs[rid] = ref
-            break
-        _close(*fds)
-
-    def helper_says(self, ref: HelperRef) -> None:
-        """A helper finished its request (its tree is empty): it is idle again."""
-        try:
-            msg = ref.sock.recv(64)
-        except OSError:
-            msg = b""
-        if not msg:  # it is exiting: reap() forgets it
-            self.forget(ref)
-            return
-        if ref.request is not None and self.jobs.get(ref.request) is ref:
-            del self.jobs[ref.request]
-        ref.request = None
-        if len(self.idle) < MAX_IDLE_HELPERS:
-            self.idle.append(ref)
-        else:
-            self.forget(ref)  # its socket closes: it exits
-
-    def forget(self, ref: HelperRef) -> None:
-        if ref.sock.fileno() in self.by_fd:
-            del self.by_fd[ref.sock.fileno()]
-            self.poller.unregister(ref.sock.fileno())
-            ref.sock.close()
-        if ref.request is not None and self.jobs.get(ref.request) is ref:
-            del self.jobs[ref.request]
-        if ref in self.idle:
-            self.idle.remove(ref)
 
     def reap(self) -> None:
         while True:
@@ -749,17 +641,25 @@ class Agent:
                 break
             if pid == 0:
                 break
-            ref = self.helpers.pop(pid, None)
-            if ref is None:
+            if pid not in self.helpers:
                 continue  # a stray, adopted after its helper died
-            self.forget(ref)
+            self.helpers.discard(pid)
             if os.WIFSIGNALED(wstatus):
                 self.purge = True
         if self.purge:
-            strays = _strays(set(self.helpers))
+            strays = _strays(self.helpers)
             for pid in strays:
                 _signal(pid, signal.SIGKILL)
             self.purge = bool(strays)
+
+
+def _send_quietly(sock: socket.socket, msg: bytes, fds: list[int] | None = None) -> None:
+    """To the backend; if it is gone, the sandbox is being torn down anyway."""
+    try:
+        sock.sendmsg([msg], [(socket.SOL_SOCKET, socket.SCM_RIGHTS,
+                              array.array("i", fds).tobytes())] if fds else [])
+    except OSError:
+        pass
 
 
 def freeze(stop: bool) -> bool:
@@ -786,11 +686,33 @@ def freeze(stop: bool) -> bool:
     return False
 
 
-# -- helpers: one request each ------------------------------------------------------------
+def _rehearsal_fds() -> list[int]:
+    """Stand-ins for an exec request's stdin, stdout, stderr and status."""
+    stdin_r, stdin_w = os.pipe2(os.O_CLOEXEC)
+    out_r, out_w = os.pipe2(os.O_CLOEXEC)
+    return [stdin_r, stdin_w, out_r, out_w]
+
+
+def _send_rehearsal(sock: socket.socket, fds: list[int]) -> None:
+    """An exec request of ``WARM_UP_PATH`` on ``sock``, with ``fds`` as its stdio."""
+    request = {"op": "exec", "id": REHEARSAL, "argv": [WARM_UP_PATH], "env": {}, "cwd": "/"}
+    stdio = [fds[0], fds[3], fds[3], fds[3]]  # stdin; stdout, stderr, status: one pipe
+    sock.sendmsg([json.dumps(request).encode()],
+                 [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", stdio).tobytes())])
+
+
+REHEARSAL = -1
+"""The id of a helper's own stand-in request (``Helper.warm_up``)."""
+WARM_UP_PATH = "/.rollbox-warm-up"
+"""Run by each helper's warm-up: a path no image has (it fails)."""
+
+
+# -- helpers: one request at a time ------------------------------------------------------------
 
 
 class Helper:
-    """A fork of the agent that serves one request (see the module docstring)."""
+    """A fork of the agent that serves requests one at a time (see the module
+    docstring)."""
 
     def __init__(self, sock: socket.socket) -> None:
         self.sock = sock
@@ -800,9 +722,9 @@ class Helper:
         _prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
 
     def serve(self) -> None:
-        """Serve requests one at a time until the agent closes the socket. After each,
-        the helper's subtree is empty (a command's daemons are waited for or killed)
-        and it tells the agent it is idle again."""
+        """Serve requests one at a time until the backend closes the socket. After
+        each, the helper's subtree is empty (a command's daemons are waited for or
+        killed) and it tells the backend it is idle again."""
         self.warm_up()
         while True:
             try:
@@ -881,7 +803,7 @@ class Helper:
 
     def watch(self, rid: int, pid: int, status: int) -> None:
         """Until this helper's subtree is empty: report the command's end, take the
-        agent's orders for this request (signal its group, kill the whole tree)."""
+        backend's orders for this request (signal its group, kill the whole tree)."""
         killing, running = False, True
         poller = select.poll()
         poller.register(self.sock.fileno(), select.POLLIN)
@@ -920,7 +842,7 @@ class Helper:
                 except (OSError, ValueError):
                     order = None
                 if not isinstance(order, dict):
-                    poller.unregister(self.sock.fileno())  # the agent is gone
+                    poller.unregister(self.sock.fileno())  # the backend is gone
                 elif order.get("id") != rid:
                     continue  # late, for an earlier request
                 elif order.get("op") == "kill":

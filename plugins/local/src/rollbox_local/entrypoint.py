@@ -36,12 +36,15 @@ async def start_entrypoint(sandbox: LocalSandbox, generation: Generation) -> Non
     null = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
     status_r, status_w = os.pipe2(os.O_CLOEXEC)
     try:
-        agent.send({"op": "exec", "id": sandbox.next_request_id(), "argv": list(request.argv),
-                    "env": dict(request.env), "cwd": request.cwd},
-                   [null, null, null, status_w])
-    except OSError as exc:
+        rid = sandbox.next_request_id()
+        await agent.dispatch(rid, {"op": "exec", "id": rid, "argv": list(request.argv),
+                                   "env": dict(request.env), "cwd": request.cwd},
+                             [null, null, null, status_w])
+    except BaseException as exc:
         os.close(status_r)
-        raise _failed(sandbox, f"the agent stopped answering ({exc})") from exc
+        if isinstance(exc, OSError):
+            raise _failed(sandbox, f"the agent stopped answering ({exc})") from exc
+        raise
     finally:
         os.close(null)
         os.close(status_w)

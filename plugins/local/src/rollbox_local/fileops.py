@@ -102,7 +102,8 @@ class FileOps:
         loop = asyncio.get_running_loop()
         try:
             with theirs:
-                self._send(agent, {"op": "connect", "id": rid, "port": port}, [theirs.fileno()])
+                await self._send(agent, rid, {"op": "connect", "id": rid, "port": port},
+                                 [theirs.fileno()])
             ours.setblocking(False)
             got: asyncio.Future[tuple[bytes, list[int]]] = loop.create_future()
 
@@ -168,7 +169,7 @@ class FileOps:
         st_r, st_w = os.pipe2(os.O_CLOEXEC)
         theirs, ours = (data_r, data_w) if into else (data_w, data_r)
         try:
-            self._send(agent, request, [theirs, st_w])
+            await self._send(agent, rid, request, [theirs, st_w])
         except BaseException:
             for fd in (ours, st_r):
                 os.close(fd)
@@ -204,9 +205,10 @@ class FileOps:
             with contextlib.suppress(BaseException):
                 await mover
 
-    def _send(self, agent: AgentChannel, request: dict[str, Any], fds: list[int]) -> None:
+    async def _send(self, agent: AgentChannel, rid: int, request: dict[str, Any],
+                    fds: list[int]) -> None:
         try:
-            agent.send(request, fds)
+            await agent.dispatch(rid, request, fds)
         except OSError as exc:
             raise self.sandbox.lost(f"stopped answering: {exc}") from exc
 

@@ -238,24 +238,26 @@ class LocalSandbox(Sandbox):
             raise SandboxLostError(f"sandbox {self.id}: {exc.message}",
                                    sandbox_id=self.id) from exc
 
-    def _launch(self, agent: AgentChannel, request: ExecRequest, *,
-                on_chunk: Callable[[str, bytes], None] | None = None) -> Execution:
+    async def _launch(self, agent: AgentChannel, request: ExecRequest, *,
+                      on_chunk: Callable[[str, bytes], None] | None = None) -> Execution:
         stdin_r, stdin_w = os.pipe2(os.O_CLOEXEC)
         out_r, out_w = os.pipe2(os.O_CLOEXEC)
         err_r, err_w = os.pipe2(os.O_CLOEXEC)
         st_r, st_w = os.pipe2(os.O_CLOEXEC)
         rid = next(self._request_ids)
         try:
-            agent.send(
+            await agent.dispatch(
+                rid,
                 {"op": "exec", "id": rid, "argv": list(request.argv), "env": dict(request.env),
                  "cwd": request.cwd},
                 [stdin_r, out_w, err_w, st_w],
             )
-        except OSError as exc:
+        except BaseException as exc:
             for fd in (stdin_w, out_r, err_r, st_r):
                 os.close(fd)
-            raise SandboxLostError(f"sandbox {self.id} stopped answering: {exc}",
-                                   sandbox_id=self.id) from exc
+            if isinstance(exc, OSError):
+                raise self.lost(f"stopped answering: {exc.strerror or exc}") from exc
+            raise
         finally:
             for fd in (stdin_r, out_w, err_w, st_w):
                 os.close(fd)
@@ -265,19 +267,19 @@ class LocalSandbox(Sandbox):
         )
 
     def _tell(self, message: dict[str, int | str]) -> bool:
-        if self._current is None or self._current.agent is None:
+        """An order (signal, kill) for a running request; False when the sandbox's
+        agent is gone (nobody is left to carry it out)."""
+        agent = self._current.agent if self._current is not None else None
+        if agent is None or not agent.alive:
             return False
-        try:
-            self._current.agent.send(message)
-        except OSError:
-            return False
+        agent.order(int(message["id"]), message)
         return True
 
     async def run(self, request: ExecRequest) -> ExecResult:
         loop = asyncio.get_running_loop()
         started = loop.time()
         for _ in range(DELIVERY_ATTEMPTS):
-            ex = self._launch(await self._agent(), request)
+            ex = await self._launch(await self._agent(), request)
             self._schedule_standby()
             try:
                 await self._await_end(ex, request)
@@ -367,7 +369,8 @@ class LocalSandbox(Sandbox):
         return -signal.SIGKILL  # the agent was killed from inside the sandbox
 
     async def start(self, request: ExecRequest) -> Process:
-        process = LocalProcess(self, await self._agent(), request)
+        process = LocalProcess(self, request)
+        await process.launch(await self._agent())
         self._schedule_standby()
         return process
 
@@ -492,7 +495,10 @@ class LocalProcess(Process):
     ``LocalSandbox._undelivered``), with whatever was written to its stdin meanwhile:
     until the "received" line that stdin is kept, since no command has read it."""
 
-    def __init__(self, sandbox: LocalSandbox, agent: AgentChannel, request: ExecRequest) -> None:
+    _ex: Execution
+    _watchdog: asyncio.Future[None]
+
+    def __init__(self, sandbox: LocalSandbox, request: ExecRequest) -> None:
         self._sandbox = sandbox
         self._request = request
         self._queue: asyncio.Queue[OutputChunk | None] = asyncio.Queue()
@@ -501,12 +507,14 @@ class LocalProcess(Process):
         self._code: int | None = None
         self._unreceived_stdin = bytearray()
         self._stdin_ended = False
-        self._ex = self._launch(agent)
+
+    async def launch(self, agent: AgentChannel) -> None:
+        self._ex = await self._relaunch(agent)
         # Enforces the timeout from the start, whether or not anyone is waiting yet.
         self._watchdog = asyncio.ensure_future(self._supervise())
 
-    def _launch(self, agent: AgentChannel) -> Execution:
-        ex = self._sandbox._launch(agent, self._request, on_chunk=self._chunk)
+    async def _relaunch(self, agent: AgentChannel) -> Execution:
+        ex = await self._sandbox._launch(agent, self._request, on_chunk=self._chunk)
         if self._unreceived_stdin:
             ex.feed_stdin(bytes(self._unreceived_stdin))
         if self._stdin_ended:
@@ -524,7 +532,7 @@ class LocalProcess(Process):
                 if attempt == DELIVERY_ATTEMPTS or not self._sandbox._undelivered(ex):
                     return
                 ex.close()
-                self._ex = self._launch(await self._sandbox._agent())
+                self._ex = await self._relaunch(await self._sandbox._agent())
         finally:
             last = self._ex
             asyncio.get_running_loop().call_later(0.05, last.close)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import array
 import asyncio
 import contextlib
+import errno
 import json
 import os
 import signal
@@ -18,31 +19,116 @@ from typing import Any
 from rollbox.errors import BackendUnavailableError, CreateFailedError
 
 from rollbox_local.cgroups import CgroupPlan
+from rollbox_local.helpers import Helpers, NoHelperError, ancillary
 from rollbox_local.pidfd import ProcessHandle
 from rollbox_local.statuspipe import StatusLine
 
 AGENT_SCRIPT = Path(__file__).with_name("_agent.py")
 
 
-def _ancillary(fds: Sequence[int]) -> list[tuple[int, int, bytes]]:
-    return [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds).tobytes())]
-
-
 class AgentChannel(ProcessHandle):
-    """The backend's end of one sandbox agent's socket, and a pidfd on the agent."""
+    """The backend's end of one sandbox agent's socket, a pidfd on the agent, and the
+    agent's helpers (``helpers.py``): requests go to them, not through the agent."""
 
-    def __init__(self, sock: socket.socket, pid: int) -> None:
+    def __init__(self, sock: socket.socket, pid: int,
+                 helpers: Sequence[tuple[int, socket.socket]] = ()) -> None:
         super().__init__(pid)  # killing it, its pid namespace's init, kills everything inside
         self.sock = sock
+        self.helpers = Helpers(lambda: self.send({"op": "helper"}))
+        for helper_pid, helper_sock in helpers:
+            self.helpers.arrived(helper_pid, helper_sock)
+        self._reading = True
+        asyncio.get_running_loop().add_reader(sock.fileno(), self._readable)
 
     def send(self, message: dict[str, Any], fds: Sequence[int] = ()) -> None:
-        """Queue a request (never blocks for long: requests are tiny)."""
-        self.sock.sendmsg([json.dumps(message).encode()], _ancillary(fds) if fds else [])
+        """Queue a request for the agent itself (never blocks for long: they are tiny)."""
+        self.sock.sendmsg([json.dumps(message).encode()], ancillary(fds))
+
+    async def dispatch(self, rid: int, message: dict[str, Any], fds: Sequence[int]) -> None:
+        """Hand request ``rid`` (exec, read, write, connect) to an idle helper.
+        Raises OSError when none takes it (the agent is gone)."""
+        await self.helpers.dispatch(rid, message, fds)
+
+    def order(self, rid: int, message: dict[str, Any]) -> None:
+        """Signal or kill request ``rid`` (nothing to do once it is done)."""
+        helper = self.helpers.order(rid, message)
+        if helper is not None and message.get("op") == "kill":
+            with contextlib.suppress(OSError):  # its command may have stopped it
+                self.send({"op": "cont", "pid": helper})
+
+    def _readable(self) -> None:
+        try:
+            msg, fds = receive(self.sock)
+        except BlockingIOError:
+            return
+        except OSError:
+            msg, fds = b"", []
+        if not msg:
+            self._stop_reading()
+            self.helpers.fail(OSError(errno.EPIPE, "the sandbox's agent went away"))
+            return
+        _from_agent(self.helpers, msg, fds)
+
+    def _on_exit(self) -> None:
+        super()._on_exit()
+        self.helpers.fail(OSError(errno.EPIPE, "the sandbox's agent exited"))
+
+    def _stop_reading(self) -> None:
+        if self._reading:
+            self._reading = False
+            with contextlib.suppress(OSError, ValueError):
+                asyncio.get_running_loop().remove_reader(self.sock.fileno())
 
     def close(self) -> None:
+        self._stop_reading()
+        self.helpers.fail(OSError(errno.EPIPE, "the sandbox's agent was closed"))
         self.sock.close()
         if not self.alive:
             self.release()
+
+
+def _from_agent(helpers: Helpers, msg: bytes, fds: list[int]) -> None:
+    """"H <pid>" with a helper's socket, or "N <errno> <why>" (none could be forked)."""
+    tag, _, rest = msg.decode(errors="replace").partition(" ")
+    if tag == "H" and rest.isdigit() and fds:
+        helpers.arrived(int(rest), socket.socket(fileno=fds.pop(0)))
+    elif tag == "N":
+        code, _, why = rest.partition(" ")
+        helpers.refused(NoHelperError(int(code) if code.isdigit() else 0,
+                                      f"cannot start a process at the sandbox's limit: {why}"))
+    for fd in fds:
+        os.close(fd)
+
+
+def receive(sock: socket.socket) -> tuple[bytes, list[int]]:
+    """One message from the agent and its descriptors (close-on-exec), not waiting."""
+    msg, ancdata, _, _ = sock.recvmsg(
+        4096, socket.CMSG_SPACE(4 * 4), socket.MSG_CMSG_CLOEXEC | socket.MSG_DONTWAIT)
+    fds = array.array("i")
+    for level, kind, data in ancdata:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+            fds.frombytes(data[: len(data) - len(data) % fds.itemsize])
+    return msg, list(fds)
+
+
+def _resolve(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
+
+
+async def _next_message(sock: socket.socket) -> tuple[bytes, list[int]]:
+    loop = asyncio.get_running_loop()
+    while True:
+        try:
+            return receive(sock)
+        except BlockingIOError:
+            pass
+        readable: asyncio.Future[None] = loop.create_future()
+        loop.add_reader(sock.fileno(), _resolve, readable)
+        try:
+            await readable
+        finally:
+            loop.remove_reader(sock.fileno())
 
 
 class Zygote:
@@ -74,7 +160,7 @@ class Zygote:
         for attempt in (1, 2):
             sock = self._sock or self._start()
             try:
-                sock.sendmsg([header], _ancillary(fds))
+                sock.sendmsg([header], ancillary(fds))
                 return
             except OSError:
                 self.close()
@@ -139,24 +225,30 @@ class Zygote:
             self._send(header, [theirs.fileno()])
         finally:
             theirs.close()
-        ours.setblocking(False)
-        loop = asyncio.get_running_loop()
         pid, ready = 0, False
+        helpers: list[tuple[int, socket.socket]] = []
         try:
             async with asyncio.timeout(timeout):
-                while not (ready and pid):  # C1's "P" and the agent's "R" may come either way
-                    reply = await loop.sock_recv(ours, 4096)
+                # C1's "P" and the agent's "H" (its first helper) and "R" come in any order
+                while not (ready and pid):
+                    reply, fds = await _next_message(ours)
+                    if reply.startswith(b"H ") and reply[2:].isdigit() and fds:
+                        helpers.append((int(reply[2:]), socket.socket(fileno=fds.pop(0))))
+                    for fd in fds:
+                        os.close(fd)
                     if reply.startswith(b"P "):
                         pid = int(reply[2:])
                     elif reply == b"R":
                         ready = True
-                    else:
+                    elif not reply.startswith(b"H "):
                         why = reply[2:].decode(errors="replace") if reply else "it exited"
                         raise CreateFailedError(
                             f"the agent of sandbox {sandbox_id} failed: {why}",
                             sandbox_id=sandbox_id)
-            return AgentChannel(ours, pid)
+            return AgentChannel(ours, pid, helpers)
         except BaseException as exc:
+            for _, helper in helpers:
+                helper.close()
             ours.close()
             if pid:
                 with contextlib.suppress(ProcessLookupError):
