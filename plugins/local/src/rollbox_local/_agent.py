@@ -49,7 +49,9 @@ A helper's socket (a command starts with exactly fds 0, 1 and 2)::
     {"op": "signal", "id": N, "sig": 15}   signal the command's process group
     {"op": "kill", "id": N}                kill the request's whole tree
 
-and, from the helper, "idle" once a request is done and its subtree empty.
+and, from the helper, "warm" once it has warmed up (before its first request: the agent
+waits for it at boot, the backend ignores it) and "idle" once a request is done and its
+subtree empty.
 
 Status lines (one request each; the helper writes them)::
 
@@ -568,7 +570,7 @@ class Agent:
         signal.signal(signal.SIGCHLD, lambda *_: None)
 
     def serve(self) -> None:
-        self.give_helper()  # the first one, warming itself while the backend gets "R"
+        self.give_helper(warm=True)
         self.sock.send(b"R")  # ready
         self.poller.register(self.sock.fileno(), select.POLLIN)
         self.poller.register(self.wake_r, select.POLLIN)
@@ -587,9 +589,14 @@ class Agent:
                 elif not self.handle():
                     return
 
-    def give_helper(self) -> None:
+    def give_helper(self, *, warm: bool = False) -> None:
         """Fork a helper and send the backend its socket ("H <pid>"), or say why not
-        ("N <errno> <why>": the sandbox is at its process limit)."""
+        ("N <errno> <why>": the sandbox is at its process limit).
+
+        ``warm``: first wait (up to WARM_WAIT_MS) for the helper's "warm": at boot, so
+        that the agent says ready only once its first helper has warmed up, and the
+        sandbox's first command does not wait behind the warm-up (a standby boots at a
+        low CPU weight: a first command sent early waited ~1 ms for it)."""
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
             pid = os.fork()
@@ -606,6 +613,11 @@ class Agent:
             os._exit(0)
         theirs.close()
         self.helpers.add(pid)
+        if warm and select.select([ours], [], [], WARM_WAIT_MS / 1000)[0]:
+            try:
+                ours.recv(16)  # "warm" (or b"": it died, and the backend will see that)
+            except OSError:
+                pass
         _send_quietly(self.sock, f"H {pid}".encode(), [ours.fileno()])
         ours.close()
 
@@ -705,6 +717,8 @@ REHEARSAL = -1
 """The id of a helper's own stand-in request (``Helper.warm_up``)."""
 WARM_UP_PATH = "/.rollbox-warm-up"
 """Run by each helper's warm-up: a path no image has (it fails)."""
+WARM_WAIT_MS = 1000
+"""How long the agent waits at boot for its first helper to warm up (see give_helper)."""
 
 
 # -- helpers: one request at a time ------------------------------------------------------------
@@ -726,6 +740,10 @@ class Helper:
         each, the helper's subtree is empty (a command's daemons are waited for or
         killed) and it tells the backend it is idle again."""
         self.warm_up()
+        try:
+            self.sock.send(b"warm")  # the agent waits for it at boot; the backend ignores it
+        except OSError:
+            return
         while True:
             try:
                 msg, fds = _recv(self.sock)

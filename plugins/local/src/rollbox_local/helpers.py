@@ -8,7 +8,8 @@ one process fewer to wake after an idle spell). Orders for a running request (si
 kill) go to the helper that has it.
 
 A helper runs inside the sandbox: what it says is checked, never trusted ("idle" is the
-only word it has; anything else is ignored, and its socket closing means it is gone).
+only word that counts; anything else, such as its "warm" after its warm-up, is ignored,
+and its socket closing means it is gone).
 """
 
 from __future__ import annotations

@@ -58,7 +58,7 @@ class AgentChannel(ProcessHandle):
 
     def _readable(self) -> None:
         try:
-            msg, fds = receive(self.sock)
+            msg, fds = _receive(self.sock)
         except BlockingIOError:
             return
         except OSError:
@@ -100,7 +100,7 @@ def _from_agent(helpers: Helpers, msg: bytes, fds: list[int]) -> None:
         os.close(fd)
 
 
-def receive(sock: socket.socket) -> tuple[bytes, list[int]]:
+def _receive(sock: socket.socket) -> tuple[bytes, list[int]]:
     """One message from the agent and its descriptors (close-on-exec), not waiting."""
     msg, ancdata, _, _ = sock.recvmsg(
         4096, socket.CMSG_SPACE(4 * 4), socket.MSG_CMSG_CLOEXEC | socket.MSG_DONTWAIT)
@@ -120,7 +120,7 @@ async def _next_message(sock: socket.socket) -> tuple[bytes, list[int]]:
     loop = asyncio.get_running_loop()
     while True:
         try:
-            return receive(sock)
+            return _receive(sock)
         except BlockingIOError:
             pass
         readable: asyncio.Future[None] = loop.create_future()
