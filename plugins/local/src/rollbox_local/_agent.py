@@ -637,7 +637,7 @@ class Agent:
             return True
         if op == "helper":
             self.give_helper()
-        elif op == "cont" and req.get("pid") in self.helpers:
+        elif op == "cont" and isinstance(req.get("pid"), int) and req["pid"] in self.helpers:
             _signal(req["pid"], signal.SIGCONT)  # a command may have stopped its helper
         elif op in ("freeze", "thaw") and fds:
             ok = freeze(op == "freeze")

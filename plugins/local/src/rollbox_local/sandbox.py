@@ -531,8 +531,10 @@ class LocalProcess(Process):
                 await self._sandbox._await_end(ex, self._request)
                 if attempt == DELIVERY_ATTEMPTS or not self._sandbox._undelivered(ex):
                     return
-                ex.close()
+                # The old one stays open (stdin written meanwhile goes nowhere, and is
+                # kept) until the new one has a helper: there is always one to write to.
                 self._ex = await self._relaunch(await self._sandbox._agent())
+                ex.close()
         finally:
             last = self._ex
             asyncio.get_running_loop().call_later(0.05, last.close)
