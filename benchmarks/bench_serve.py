@@ -163,15 +163,25 @@ from rollbox_remote import RemoteBackend
 async def main(n, hold):
     backend = RemoteBackend()
     spec = SandboxSpec(image="host")
-    times = []
+    times = {"ttfc": [], "create": [], "first_exec": [], "bare_idle": [], "bare_b2b": []}
     for _ in range(n):
         started = time.perf_counter()
         sandbox = await backend.create(spec)
+        created = time.perf_counter()
         result = await sandbox.exec(["true"])
-        times.append(time.perf_counter() - started)
+        done = time.perf_counter()
+        times["ttfc"].append(done - started)
+        times["create"].append(created - started)
+        times["first_exec"].append(done - created)
         assert result.ok
         await asyncio.sleep(hold)   # the rollout goes on (the model's turn)
         await sandbox.close()
+    for _ in range(n):  # the floor: a request that does no work, after the same idle
+        await asyncio.sleep(hold)
+        for key in ("bare_idle", "bare_b2b"):
+            started = time.perf_counter()
+            await backend.call("GET", "/health")
+            times[key].append(time.perf_counter() - started)
     await backend.aclose()
     print(json.dumps(times))
 
@@ -193,7 +203,7 @@ async def bench_ttfc(serve: ServeChild, n: int, hold_s: float = 0.1) -> dict[str
         env=serve.client_env(), capture_output=True, text=True, timeout=600)
     if done.returncode != 0:
         raise RuntimeError(done.stderr)
-    served = json.loads(done.stdout)
+    served = {key: ms(values) for key, values in json.loads(done.stdout).items()}
     in_process = []
     async with local_backend() as local, Pool(local, policy=StaticPoolPolicy(size=1)) as pool:
         await pool.prewarm(SPEC, 1)
@@ -203,7 +213,8 @@ async def bench_ttfc(serve: ServeChild, n: int, hold_s: float = 0.1) -> dict[str
                 await sandbox.exec(["true"])
                 in_process.append(time.perf_counter() - started)
                 await asyncio.sleep(hold_s)
-    return {"served_second_process": ms(served), "in_process_pool": ms(in_process)}
+    return {"served_second_process": served.pop("ttfc"), "in_process_pool": ms(in_process),
+            "served_split": served}
 
 
 # -- 3. files -------------------------------------------------------------------------------
@@ -444,6 +455,10 @@ def render(result: dict[str, Any]) -> str:
         lines.append(f"warm TTFC p50: second process through the server "
                      f"{t['served_second_process']['p50_ms']:.3f} ms (target <= 3 ms); "
                      f"in-process pool {t['in_process_pool']['p50_ms']:.3f} ms")
+        split = {k: v["p50_ms"] for k, v in t["served_split"].items()}
+        lines.append(f"  served, p50: create {split['create']:.3f} ms + first exec "
+                     f"{split['first_exec']:.3f} ms; a bare GET /health after the same idle "
+                     f"{split['bare_idle']:.3f} ms, right after another {split['bare_b2b']:.3f} ms")
     if "files" in result:
         f = result["files"]
         lines.append("100 MiB through the server, MiB/s (target >= 200): " + ", ".join(
