@@ -4,9 +4,9 @@ Measures on the local backend, first on a quiet set of sandboxes and then with
 ``--busy`` of them (default 100) each running a busy loop: how late an exec timeout
 fires past its deadline (``sleep 30`` under ``timeout=1``), the round trip of ``true`` in
 another sandbox, and how late the backend's own event loop wakes from a 10 ms sleep.
-Sandboxes run at a lower CPU weight than the backend (SCHED_IDLE commands, a cgroup
-CPU weight of 100 against the backend's 1024 where cgroups can be written), which is
-what keeps these numbers bounded.
+Sandboxes run at a lower CPU weight than the backend (where cgroups can be written, all
+sandboxes together weigh what one process does: ``rollbox_local.cgroups``; commands run
+at nice 5), which is what keeps these numbers bounded.
 
     uv run python benchmarks/bench_cpu_storm.py [--busy 100] [--rounds 10] [--json F]
 """

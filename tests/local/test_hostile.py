@@ -321,16 +321,46 @@ async def test_a_cleanup_that_kills_every_other_process_fails_no_later_stream(
     assert await _after_cleanups(backend, cat) == {(0, (0, b"fed"))}
 
 
+FILL_THE_PROCESS_TABLE = """
+import os, time
+told, ready = os.pipe()
+if os.fork() == 0:  # the filler: takes every free pid, again as soon as one frees, for 3 s
+    os.close(told)
+    quiet = os.open("/dev/null", os.O_RDWR)
+    for fd in (0, 1, 2):
+        os.dup2(quiet, fd)
+    deadline, full = time.monotonic() + 3, False
+    while time.monotonic() < deadline:
+        try:
+            pid = os.fork()
+        except OSError:
+            if not full:
+                os.write(ready, b"full")
+                full = True
+            time.sleep(0.001)
+            continue
+        if pid == 0:
+            time.sleep(max(0.0, deadline - time.monotonic()))
+            os._exit(0)
+    os._exit(0)
+os.close(ready)
+os.read(told, 4)  # the command ends once the table is full (its own pid is taken again)
+"""
+
+
 async def test_a_sandbox_at_its_process_limit_keeps_its_agent(backend: LocalBackend) -> None:
-    """A command fills its sandbox's process table; commands that need a new helper
-    meanwhile cannot have one. The agent used to die of its failed fork and take the
-    sandbox with it; now such a command fails to start (exit 126, as one its helper
-    cannot spawn) and the sandbox runs commands again once the sleepers end."""
+    """A command fills its sandbox's process table and keeps it full for 3 s; commands
+    meanwhile cannot start, whether their helper cannot spawn them or the agent cannot
+    fork a helper for them. The agent used to die of its failed fork and take the
+    sandbox with it; now such a command fails to start (exit 126) and the sandbox runs
+    commands again once the table has room."""
     spec = SandboxSpec(image="host", resources=Resources(pids=32))
     async with await backend.create(spec) as box:
-        await box.exec("i=0; while [ $i -lt 64 ]; do sleep 3 </dev/null >/dev/null 2>&1 & "
-                       "i=$((i+1)); done; true", timeout=30)
-        answers = await asyncio.gather(*(box.exec(["true"], timeout=30) for _ in range(4)),
+        filled = await box.exec(["python3", "-c", FILL_THE_PROCESS_TABLE], timeout=30)
+        assert filled.ok, filled
+        # longer than a helper's refill delay: every idle helper is taken, and more
+        # are asked of the agent
+        answers = await asyncio.gather(*(box.exec(["sleep", "0.05"], timeout=30) for _ in range(4)),
                                        return_exceptions=True)
         assert all(getattr(a, "exit_code", None) in (0, 126) for a in answers), answers
         assert 126 in {getattr(a, "exit_code", None) for a in answers}, "not at the limit"
