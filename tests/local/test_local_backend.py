@@ -470,3 +470,25 @@ async def test_the_zygote_makes_a_generations_directories_and_reports_why_it_can
         assert (await sandbox.exec("echo ok")).text == "ok\n"
     finally:
         await sandbox.close()
+
+
+@pytest.mark.parametrize("with_agent", [False, True], ids=["alone", "with its agent"])
+async def test_a_generation_bwrap_cannot_set_up_says_why(
+    backend: LocalBackend, with_agent: bool,
+) -> None:
+    """bwrap fails after it has said its child's pid (a lower layer is gone). Booted
+    with its agent, the agent's first process is what waits for bwrap and sees it go:
+    the error still carries bwrap's own reason, not the agent's."""
+    sandbox = await backend.create(HOST)
+    lowers = sandbox.lowers
+    try:
+        sandbox.lowers = (Path("/nonexistent-lower-layer"), *lowers)
+        with pytest.raises(CreateFailedError) as caught:
+            await boot_generation(sandbox, 7, agent=with_agent)
+        assert "Can't find source path /nonexistent-lower-layer" in caught.value.message
+        sandbox.lowers = lowers
+        await sandbox.reset()
+        assert (await sandbox.exec("echo ok")).text == "ok\n"
+    finally:
+        sandbox.lowers = lowers
+        await sandbox.close()

@@ -72,6 +72,7 @@ import array
 import ctypes
 import errno
 import fcntl
+import functools
 import json
 import os
 import resource
@@ -113,6 +114,9 @@ DEFAULT_SIGNALS = [s for s in signal.valid_signals() if s not in (signal.SIGKILL
 # the host, the cgroup's weight decides (cgroups.py). glibc's posix_spawn takes no nice
 # value, so it is set right after the spawn.
 COMMAND_NICE = 5
+HOLDER_POLL_S = 0.0002
+"""How often C1 checks whether bwrap has finished (``_await_holder``): a read of a small
+/proc file, cheap against the few milliseconds bwrap takes."""
 
 
 def _check(ret: int, what: str) -> None:
@@ -161,6 +165,7 @@ def zygote(sock: socket.socket) -> None:
     # dying once every process in it has been reaped.
     _prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)
+    _seccomp_filter()
     while True:
         try:
             msg, fds = _recv(sock)
@@ -402,6 +407,8 @@ def _enter(req: dict[str, Any], channel: int) -> None:
     """C1: join the sandbox, create its pid namespace, fork the agent as its init."""
     if req.get("cgroup_procs"):  # before leaving the host's mount namespace
         _join_cgroup(req["cgroup_procs"])
+    if req.get("await_holder"):
+        _await_holder(req["holder"], req["await_holder"])
     base = f"/proc/{req['holder']}"
     mnt = os.open(f"{base}/ns/mnt", os.O_RDONLY | os.O_CLOEXEC)
     others = [
@@ -425,6 +432,39 @@ def _enter(req: dict[str, Any], channel: int) -> None:
         _become_agent(req, channel)
     os.write(channel, f"P {agent}".encode())  # its host pid: the backend watches and kills it
     os._exit(0)
+
+
+def caps_dropped(pid: int) -> bool | None:
+    """Whether ``pid`` has dropped every capability; None if it no longer exists.
+
+    bwrap's child, the holder, drops them as its last step of setting the sandbox up,
+    right before it blocks: the sandbox is ready then (also used by ``instance.py``)."""
+    try:
+        fd = os.open(f"/proc/{pid}/status", os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            status = os.read(fd, 16384)
+        finally:
+            os.close(fd)
+    except OSError:
+        return None
+    at = status.find(b"\nCapEff:")
+    if at < 0:
+        return False
+    end = status.find(b"\n", at + 1)
+    return int(status[at + 8:end if end > 0 else None], 16) == 0
+
+
+def _await_holder(holder: int, timeout: float) -> None:
+    """Wait until bwrap has set the sandbox up (``caps_dropped``): when the agent is
+    booted with its sandbox, this is checked here, off the backend's event loop and
+    within HOLDER_POLL_S of it happening."""
+    deadline = time.monotonic() + timeout
+    while not (ready := caps_dropped(holder)):
+        if ready is None:
+            raise OSError(errno.ESRCH, "bwrap exited before the sandbox was set up")
+        if time.monotonic() > deadline:
+            raise OSError(errno.ETIMEDOUT, "bwrap did not set the sandbox up in time")
+        time.sleep(HOLDER_POLL_S)
 
 
 # Syscalls no sandboxed program needs and kernel exploits love: keyrings, mounting, new
@@ -468,6 +508,7 @@ def _mount_proc() -> None:
     _check(_mount(b"proc", b"/proc", b"proc", flags, None), "mount /proc")
 
 
+@functools.cache  # built by the zygote before it forks (70 µs an agent boot otherwise)
 def _seccomp_filter() -> bytes | None:
     """A classic-BPF program: DENIED_SYSCALLS fail with EPERM, sockets of any family
     outside ALLOWED_FAMILIES with EAFNOSUPPORT (None: an unknown architecture)."""

@@ -16,11 +16,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from rollbox.errors import CreateFailedError
 from rollbox.spec import MiB
 
+from rollbox_local._agent import caps_dropped
 from rollbox_local.bwrap import Layout, sandbox_argv
 from rollbox_local.entrypoint import start_entrypoint
-from rollbox_local.instance import BLOCK_FD, INFO_FD, Instance
+from rollbox_local.instance import BLOCK_FD, INFO_FD, Instance, bwrap_failure
 from rollbox_local.workers import BACKGROUND_NICE
 from rollbox_local.zygote import AgentChannel
 
@@ -67,14 +69,18 @@ class Generation:
             agent.signal_kill()
         return agent
 
-    async def start_agent(self, sandbox: LocalSandbox) -> AgentChannel:
-        """The agent, booted on first need (concurrent callers share one boot)."""
+    async def start_agent(self, sandbox: LocalSandbox, *,
+                          holder_ready: bool = True) -> AgentChannel:
+        """The agent, booted on first need (concurrent callers share one boot).
+        ``holder_ready=False``: the instance was started without waiting for bwrap to
+        finish, and the agent's boot waits for it (``Instance.start``)."""
         if self.agent is not None:
             return self.agent
         if self._agent_boot is None:
             self._agent_boot = asyncio.ensure_future(sandbox.backend.zygote.boot_agent(
                 holder=self.instance.holder, rlimits=sandbox.rlimits, sandbox_id=sandbox.id,
                 timeout=sandbox.spec.timeouts.create_s, cgroup_procs=self.cgroup_procs,
+                holder_ready=holder_ready,
             ))
         return self._attach(await asyncio.shield(self._agent_boot))
 
@@ -135,6 +141,10 @@ async def boot_generation(sandbox: LocalSandbox, number: int, *, agent: bool = F
     plan = (backend.cgroups.plan(cgroup, sandbox.resources, standby=background)
             if backend.cgroups and cgroup else None)
     place = _place(sandbox, number)
+    log_path = str(sandbox.directory / f"bwrap{number}.log")
+    # With its agent, the sandbox is ready once the agent is: the agent's boot waits for
+    # bwrap, started right behind it (one wait fewer, and none on the event loop).
+    with_agent = agent or sandbox.spec.entrypoint is not None
     try:
         instance = await Instance.start(
             backend.zygote,
@@ -143,11 +153,12 @@ async def boot_generation(sandbox: LocalSandbox, number: int, *, agent: bool = F
             ids=backend.ids,
             timeout=sandbox.spec.timeouts.create_s,
             sandbox_id=sandbox.id,
-            log_path=str(sandbox.directory / f"bwrap{number}.log"),
+            log_path=log_path,
             make_dirs=place.make_dirs,  # made by the zygote, as the sandbox user
             nice=BACKGROUND_NICE if background else 0,
             cgroup=plan,
             tmpfs=place.tmpfs,
+            await_ready=not with_agent,
         )
     except BaseException:
         backend.drop_cgroup(cgroup)
@@ -156,9 +167,15 @@ async def boot_generation(sandbox: LocalSandbox, number: int, *, agent: bool = F
                             place.tmpfs is not None, cgroup, plan.procs if plan else (),
                             lambda: backend.drop_cgroup(cgroup),
                             (lambda: backend.put_to_use(cgroup)) if plan and background else None)
-    if agent or sandbox.spec.entrypoint is not None:
+    if with_agent:
         try:
-            await generation.start_agent(sandbox)
+            try:
+                await generation.start_agent(sandbox, holder_ready=False)
+            except CreateFailedError as exc:
+                if caps_dropped(instance.holder) is None:  # bwrap failed: say why
+                    raise CreateFailedError(bwrap_failure(log_path),
+                                            sandbox_id=sandbox.id) from exc
+                raise
             if sandbox.spec.entrypoint is not None:
                 await start_entrypoint(sandbox, generation)
         except BaseException:

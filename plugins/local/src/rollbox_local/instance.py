@@ -3,7 +3,8 @@
 bwrap is started by the zygote (a small process forks far faster than the backend's).
 bwrap reports its child's pid, the sandbox's init, on ``--info-fd``; that child has
 finished every mount when it drops its capabilities, right before it blocks on
-``--block-fd``, so we wait until its ``CapEff`` reads zero. Its exit is watched through
+``--block-fd``, so we wait until its ``CapEff`` reads zero (or, where the agent boots
+with the sandbox, the agent's first process does). Its exit is watched through
 a pidfd: a thousand idle sandboxes cost no thread and no polling.
 """
 
@@ -18,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from rollbox.errors import CreateFailedError
 
+from rollbox_local._agent import caps_dropped
 from rollbox_local.pidfd import ProcessHandle
 
 if TYPE_CHECKING:
@@ -25,6 +27,11 @@ if TYPE_CHECKING:
     from rollbox_local.zygote import Zygote
 
 READY_POLL_S = 0.0005
+"""How often a boot somebody waits for is checked for readiness (``_next_poll``)."""
+BACKGROUND_POLL_SHARE = 4
+"""A boot nobody waits for (niced) is checked every quarter of the time it has taken so
+far, at most every 8 ms: a few checks however long it takes under load, so the event
+loop stays free for commands, and it is seen at most a quarter of its boot late."""
 BLOCK_FD, INFO_FD = 3, 4  # where the zygote puts those pipes for bwrap
 
 
@@ -53,7 +60,9 @@ class Instance(ProcessHandle):
 
     @classmethod
     async def start(cls, *args: Any, **kwargs: Any) -> Instance:
-        """Start bwrap and wait until the sandbox is ready (see ``_start``).
+        """Start bwrap and wait until the sandbox is ready (see ``_start``); with
+        ``await_ready=False``, only until its holder is known: the caller boots the
+        agent at once, and the agent's boot waits for the sandbox (``_agent.py``).
 
         Cancellation waits for the half-started sandbox and kills it, so no bwrap is
         ever left behind by an interrupted create."""
@@ -80,6 +89,7 @@ class Instance(ProcessHandle):
         nice: int = 0,
         cgroup: CgroupPlan | None = None,
         tmpfs: dict[str, object] | None = None,
+        await_ready: bool = True,
     ) -> Instance:
         loop = asyncio.get_running_loop()
         info_r, info_w = os.pipe2(os.O_CLOEXEC)
@@ -98,16 +108,13 @@ class Instance(ProcessHandle):
                 info = await _read_all(loop, info_r)
                 holder = int(json.loads(info)["child-pid"]) if info else 0
                 if not holder:
-                    raise CreateFailedError(_failure(log_path), sandbox_id=sandbox_id)
+                    raise CreateFailedError(bwrap_failure(log_path), sandbox_id=sandbox_id)
                 instance = cls(holder)
-                # A niced boot may take long under load, and nobody waits for it: poll it
-                # less and less often, so that the event loop stays free for commands.
-                poll, most = READY_POLL_S, READY_POLL_S * (16 if nice else 2)
-                while not (ready := _caps_dropped(holder)):
+                started = loop.time()
+                while await_ready and not (ready := caps_dropped(holder)):
                     if ready is None:  # it is gone: bwrap failed
-                        raise CreateFailedError(_failure(log_path), sandbox_id=sandbox_id)
-                    await asyncio.sleep(poll)
-                    poll = min(2 * poll, most)
+                        raise CreateFailedError(bwrap_failure(log_path), sandbox_id=sandbox_id)
+                    await asyncio.sleep(_next_poll(loop.time() - started, background=nice > 0))
         except BaseException as exc:
             if instance is not None:
                 await instance.kill()
@@ -116,9 +123,20 @@ class Instance(ProcessHandle):
                     f"sandbox {sandbox_id} was not ready within {timeout}s", sandbox_id=sandbox_id
                 ) from None
             if isinstance(exc, ProcessLookupError | FileNotFoundError):
-                raise CreateFailedError(_failure(log_path), sandbox_id=sandbox_id) from None
+                raise CreateFailedError(bwrap_failure(log_path), sandbox_id=sandbox_id) from None
             raise
         return instance
+
+
+def _next_poll(elapsed: float, *, background: bool) -> float:
+    """Seconds until the next readiness check of a boot ``elapsed`` seconds old.
+
+    Doubling the pause (as this did before) lets a background boot be seen up to its
+    own length late: a standby that took 8.5 ms was seen at 15.5, and a reset right
+    after a command waited for the difference."""
+    if not background:
+        return READY_POLL_S if elapsed < READY_POLL_S else 2 * READY_POLL_S
+    return min(max(elapsed / BACKGROUND_POLL_SHARE, READY_POLL_S), 16 * READY_POLL_S)
 
 
 def _parent_of(pid: int) -> int:
@@ -127,25 +145,6 @@ def _parent_of(pid: int) -> int:
             if line.startswith("PPid:"):
                 return int(line.split()[1])
     raise ProcessLookupError(pid)
-
-
-def _caps_dropped(pid: int) -> bool | None:
-    """Whether ``pid`` has dropped every capability; None if it no longer exists.
-
-    bwrap drops them as the last step before it blocks, when the sandbox is set up."""
-    try:
-        fd = os.open(f"/proc/{pid}/status", os.O_RDONLY | os.O_CLOEXEC)
-        try:
-            status = os.read(fd, 16384)
-        finally:
-            os.close(fd)
-    except OSError:
-        return None
-    at = status.find(b"\nCapEff:")
-    if at < 0:
-        return False
-    end = status.find(b"\n", at + 1)
-    return int(status[at + 8:end if end > 0 else None], 16) == 0
 
 
 async def _read_all(loop: asyncio.AbstractEventLoop, fd: int) -> bytes:
@@ -172,7 +171,8 @@ async def _read_all(loop: asyncio.AbstractEventLoop, fd: int) -> bytes:
     return bytes(data)
 
 
-def _failure(log_path: str) -> str:
+def bwrap_failure(log_path: str) -> str:
+    """Why bwrap failed, from its log, with a hint where user namespaces look off."""
     try:
         with open(log_path, "rb") as log:
             err = log.read(4096).decode(errors="replace").strip()

@@ -212,14 +212,18 @@ class Zygote:
 
     async def boot_agent(
         self, *, holder: int, rlimits: Sequence[tuple[int, int, int]], sandbox_id: str,
-        timeout: float, cgroup_procs: Sequence[str] = (),
+        timeout: float, cgroup_procs: Sequence[str] = (), holder_ready: bool = True,
     ) -> AgentChannel:
         """Start the agent in the namespaces ``holder`` keeps (and in the cgroup entered
-        through the ``cgroup_procs`` files: ``CgroupPlan.procs``); wait until it serves."""
+        through the ``cgroup_procs`` files: ``CgroupPlan.procs``); wait until it serves.
+
+        ``holder_ready=False``: bwrap may still be setting the sandbox up; the agent's
+        first process waits for it (``Instance.start(await_ready=False)``)."""
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         header = json.dumps(
             {"op": "boot", "holder": holder, "rlimits": [list(r) for r in rlimits],
-             "cgroup_procs": list(cgroup_procs)}
+             "cgroup_procs": list(cgroup_procs),
+             "await_holder": None if holder_ready else timeout}
         ).encode()
         try:
             self._send(header, [theirs.fileno()])
