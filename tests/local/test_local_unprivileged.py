@@ -153,7 +153,6 @@ def test_sandbox_lifecycle_as_an_unprivileged_user(user_home: Path) -> None:
     }, result.stderr
 
 
-
 CONFORMANCE_INI = """[pytest]
 asyncio_mode = auto
 asyncio_default_fixture_loop_scope = function

@@ -103,7 +103,8 @@ libc = ctypes.CDLL(None, use_errno=True)
 # resolved before forking, so children do not each look them up
 _setns, _unshare, _prctl, _capset, _mount = (
     libc.setns, libc.unshare, libc.prctl, libc.capset, libc.mount)
-CAP_LAST = int(open("/proc/sys/kernel/cap_last_cap").read())
+with open("/proc/sys/kernel/cap_last_cap") as _f:  # closed: the backend imports this too
+    CAP_LAST = int(_f.read())
 DEFAULT_SIGNALS = [s for s in signal.valid_signals() if s not in (signal.SIGKILL, signal.SIGSTOP)]
 # Commands run at nice COMMAND_NICE: within their sandbox, the agent and its helpers (the
 # kill of a timed-out tree, the next command's start) outweigh a busy command three to
