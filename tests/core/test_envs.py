@@ -71,7 +71,6 @@ async def test_a_session_runs_episodes_and_reuses_its_sandbox() -> None:
         first = await session.step("cat note.txt")
         assert first.step is not None and first.step.result.stdout == b"hello"
         assert (first.reward, first.terminated, first.truncated) == (0.0, False, False)
-        assert (await session.verify()).terminated  # the verdict at the end
         solved = await session.step("solve")
         assert (solved.reward, solved.terminated, solved.info) == (1.0, True, {"solved": True})
         again = await session.start(task)  # same spec: reset in place, setup again
@@ -80,6 +79,12 @@ async def test_a_session_runs_episodes_and_reuses_its_sandbox() -> None:
         for _ in range(2):
             await session.step("true")
         assert (await session.step("true")).truncated  # max_steps
+        await session.start(task)
+        assert backend.seals == 0
+        verdict = await session.verify()  # the final verdict: sealed, the episode over
+        assert verdict.terminated and backend.seals == 1
+        with pytest.raises(UsageError, match="start an episode"):
+            await session.step("true")
         await session.close()
         await session.close()
         assert pool.idle_count(SPEC) == 1  # given back, reset and warm
@@ -123,6 +128,8 @@ async def test_a_task_from_data_is_judged_by_its_verifier() -> None:
         assert (step.reward, step.terminated, step.info["score"]) == (0.0, False, 0.25)
         submitted = await session.step(SUBMIT)  # ends with whatever the score is
         assert (submitted.reward, submitted.terminated) == (0.25, True)
+        assert backend.seals == 1  # a submit is the final verdict
+        await session.start(task)
         assert session.sandbox is not None
         await session.sandbox.write_file("score", b"1")
         assert (await session.verify()).reward == 1.0
@@ -166,13 +173,18 @@ def test_load_tasks_by_name_or_object_and_refuses_bad_sources() -> None:
         load_tasks(Duplicates())
 
 
-async def test_the_runner_runs_setup_before_each_rollout() -> None:
+async def test_the_runner_runs_setup_before_each_rollout_and_pays_the_verdict() -> None:
     async def rollout(sandbox: Sandbox, task: Task, index: int) -> RolloutOutput:
-        return RolloutOutput(1.0 if await sandbox.read_file("note.txt") == b"hi" else 0.0)
+        if index < 2 and await sandbox.read_file("note.txt") == b"hi":  # setup ran
+            await sandbox.exec("solve")
+        return RolloutOutput(1.0)  # what it claims: never paid for a judged task
 
-    async with Pool(FakeBackend(shell)) as pool:
+    backend = FakeBackend(shell)
+    async with Pool(backend) as pool:
         report = await run_rollouts(pool, [NoteTask(id="n", spec=SPEC, note="hi")], 3, rollout)
-    assert report.succeeded == 3 and [r.reward for r in report.results] == [1.0] * 3
+    assert report.succeeded == 3 and [r.reward for r in report.results] == [1.0, 1.0, 0.0]
+    assert [r.info["claimed_reward"] for r in report.results] == [1.0] * 3
+    assert backend.seals == 3  # each verdict on a sealed sandbox
 
 
 def test_shared_pools_live_on_the_bridge_thread() -> None:

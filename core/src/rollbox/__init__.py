@@ -53,6 +53,7 @@ from rollbox.errors import (
     UnknownBackendError,
     UnsupportedSpecError,
     UsageError,
+    WorkloadError,
 )
 from rollbox.lease import Lease, Outcome
 from rollbox.metrics import Metrics
@@ -156,6 +157,7 @@ __all__ = [
     "UnknownBackendError",
     "UnsupportedSpecError",
     "UsageError",
+    "WorkloadError",
     "get_plugin_manager",
     "load_tasks",
     "open_backend",

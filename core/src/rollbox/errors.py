@@ -30,6 +30,8 @@ codes, ...) are mapped onto this tree at the backend's edge, so callers never se
     │   ├── SandboxFileNotFoundError    read of a path that does not exist in the sandbox
     │   ├── PortNotOpenError            nothing accepts connections on that port inside
     │   ├── SnapshotFailedError         the sandbox's state could not be copied
+    │   ├── WorkloadError               the sandbox's own workload broke it (its memory,
+    │   │                               rollbox's helpers): an outcome, never retried
     │   └── ImageError
     │       ├── ImageNotFoundError      no such image anywhere the backend looks
     │       ├── ImageCorruptError       the image exists but cannot be unpacked
@@ -240,6 +242,25 @@ class PortNotOpenError(SandboxError):
 
 class SnapshotFailedError(SandboxError):
     kind = "snapshot_failed"
+
+
+class WorkloadError(SandboxError):
+    """What the sandbox's own commands did broke it: they exhausted one of its limits
+    past what a command's own failure shows (its memory with rollbox's agent in it),
+    or killed or stopped the helpers rollbox runs commands through, again and again.
+
+    Not retryable, on purpose: in RL a rollout that crashes its sandbox whenever it is
+    failing would otherwise be retried on a fresh one, and its failures would vanish
+    from the reward. It is an outcome of the rollout (``rollbox.envs`` scores it, 0.0
+    by default, and the runner keeps it in its group); ``cause`` says which limit or
+    part (``memory``, ``helpers``, ...)."""
+
+    kind = "workload"
+
+    def __init__(self, message: str, *, sandbox_id: str | None = None,
+                 cause: str = "workload") -> None:
+        super().__init__(message, sandbox_id=sandbox_id)
+        self.cause = cause
 
 
 class ImageError(SandboxError):

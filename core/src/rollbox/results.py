@@ -4,6 +4,12 @@ Nothing is dropped silently: a rollout either succeeded (it has a reward) or fai
 (it has a ``Failure`` with a kind, a message and ``retryable``). A rollout that never
 finished because the run was cancelled is a failure of kind ``cancelled``. The report
 checks ``requested == succeeded + failed`` and says so.
+
+A rollout whose own workload broke its sandbox (``WorkloadError``: its memory, rollbox's
+helpers) or overran a command's timeout succeeded in this sense: it is scored (by the
+task's ``judge_failure``, 0.0 by default), counted apart as ``workload_failure``, never
+retried and never masked. Retrying it would let a policy that crashes its sandbox
+whenever it is failing make those failures vanish from the reward.
 """
 
 from __future__ import annotations
@@ -53,6 +59,9 @@ class RolloutResult:
     sandbox_ids: tuple[str, ...] = ()
     attempt_failures: tuple[Failure, ...] = ()
     """Failures of earlier attempts that were retried (the last one is ``failure``)."""
+    workload_failure: Failure | None = None
+    """What the rollout's own workload broke (its sandbox's limits, rollbox's helpers,
+    a command's timeout): the rollout is scored all the same (``reward``)."""
 
     @property
     def ok(self) -> bool:
@@ -72,6 +81,8 @@ class RolloutResult:
             "attempts": self.attempts,
             "duration_s": self.duration_s,
             "retried_kinds": [f.kind for f in self.attempt_failures],
+            "workload_failure": (None if self.workload_failure is None
+                                 else vars(self.workload_failure).copy()),
         }
 
 
@@ -146,6 +157,12 @@ class RunReport:
         return dict(sorted(Counter(r.failure.kind for r in self.results if r.failure).items()))
 
     @property
+    def workload_failures_by_kind(self) -> dict[str, int]:
+        """Scored rollouts whose own workload broke their sandbox, by kind."""
+        counts = Counter(r.workload_failure.kind for r in self.results if r.workload_failure)
+        return dict(sorted(counts.items()))
+
+    @property
     def retried_by_kind(self) -> dict[str, int]:
         """Failures that were retried (and so did not end their rollout), by kind."""
         counts = Counter(f.kind for r in self.results for f in r.attempt_failures)
@@ -168,6 +185,7 @@ class RunReport:
                 "failed": self.failed,
                 "failed_by_kind": self.failed_by_kind,
                 "retried_by_kind": self.retried_by_kind,
+                "workload_failures_by_kind": self.workload_failures_by_kind,
                 "accounted": self.accounted,
             },
             "attempts": sum(r.attempts for r in self.results),
@@ -184,8 +202,10 @@ class RunReport:
     def summary(self) -> str:
         kinds = ", ".join(f"{k}={v}" for k, v in self.failed_by_kind.items()) or "none"
         state = "cancelled, partial" if self.cancelled else "complete"
+        workload = sum(self.workload_failures_by_kind.values())
+        broke = f" ({workload} broke their own sandbox, scored)" if workload else ""
         return (
-            f"{self.requested} rollouts ({state}): {self.succeeded} succeeded, "
+            f"{self.requested} rollouts ({state}): {self.succeeded} succeeded{broke}, "
             f"{self.failed} failed ({kinds}); {len(self.masked_tasks)} groups masked; "
             f"accounted={self.accounted}; {self.wall_s:.2f}s"
         )

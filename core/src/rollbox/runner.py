@@ -6,11 +6,18 @@ Data flow::
         │  each dispatch: policy.in_flight(...) + pool.upcoming(next pending specs)  (lookahead)
         ▼
     attempt: pool.acquire ─► task.setup ─► rollout_fn(sandbox, task, index) ─► validate
-             ─► pool.release
+             ─► task.verdict (a judged task: sealed, the reward) ─► pool.release
         │  retryable failure ─► release BROKEN, back off (asyncio.sleep), fresh sandbox
+        │  failure the rollout caused (WorkloadError, a command's timeout) ─► scored by
+        │      task.judge_failure, never retried, never masked
         ▼
     RolloutResult (success | failure kind/message/retryable, attempts) ─► group policy,
     observers (on_result, hook ``rollbox_rollout_finished``) ─► RunReport
+
+The reward of a task that judges itself (``Task.judged``: a verifier, or its own
+``judge``) is its ``verdict``, taken by the runner after the rollout function returns,
+on the sealed sandbox: what the rollout function says it earned is kept in ``info`` as
+``claimed_reward``, never paid.
 
 A task's rollouts start in order and, by default, one at a time per task when there are
 more tasks than slots, so a task's next rollout gets the sandbox its previous rollout
@@ -30,7 +37,8 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
-from rollbox.envs import RolloutFn, Task
+from rollbox.envs import Judgement, RolloutFn, Task
+from rollbox.envs.task import WORKLOAD_OUTCOMES
 from rollbox.errors import (
     SANDBOX_SOUND_AFTER,
     RollboxError,
@@ -344,11 +352,12 @@ class _Runner:
             attempt += 1
             self.attempts[(t, index)] = attempt
             output, failure = await self._attempt(task, index, sandboxes)
-            if failure is None and output is not None:
+            if output is not None:  # scored (the rollout may have broken its sandbox)
                 return RolloutResult(
                     task.id, index, reward=float(output.reward), info=dict(output.info),
                     attempts=attempt, duration_s=loop.time() - started,
                     sandbox_ids=tuple(sandboxes), attempt_failures=tuple(earlier),
+                    workload_failure=failure,
                 )
             assert failure is not None
             if not self.retry.should_retry(failure, attempt):
@@ -363,6 +372,8 @@ class _Runner:
     async def _attempt(
         self, task: Task, index: int, sandboxes: list[str]
     ) -> tuple[RolloutOutput | None, Failure | None]:
+        """(output, None) when it succeeded; (None, failure) when it failed; (output,
+        failure) when the rollout broke its own sandbox and ``output`` scores that."""
         try:
             lease = await self.pool.acquire(task.spec, timeout=self.acquire_timeout_s)
         except RollboxError as exc:
@@ -378,6 +389,18 @@ class _Runner:
                 async with asyncio.timeout(self.rollout_timeout_s) as deadline:
                     await task.setup(lease.sandbox)
                     raw = await fn(lease.sandbox, task, index)
+                    problem = _invalid(raw)
+                    if problem:
+                        outcome = Outcome.OK
+                        return None, Failure(INVALID_OUTPUT, problem, False)
+                    assert isinstance(raw, RolloutOutput)
+                    if task.judged:
+                        raw = _judged(raw, await task.verdict(lease.sandbox))
+                        problem = _invalid(raw)
+                        if problem:
+                            outcome = Outcome.OK
+                            return None, Failure(INVALID_OUTPUT, f"the verdict: {problem}",
+                                                 False)
             except TimeoutError as exc:
                 if deadline.expired():
                     return None, Failure(
@@ -390,7 +413,11 @@ class _Runner:
             except SandboxError as exc:
                 if isinstance(exc, SANDBOX_SOUND_AFTER):
                     outcome = Outcome.OK
-                return None, Failure(exc.kind, exc.message, exc.retryable)
+                failure = Failure(exc.kind, exc.message, exc.retryable)
+                if isinstance(exc, WORKLOAD_OUTCOMES) and exc.kind not in self.retry.retry_kinds:
+                    verdict = task.judge_failure(exc)
+                    return RolloutOutput(verdict.reward, dict(verdict.info)), failure
+                return None, failure
             except RollboxError as exc:
                 outcome = Outcome.OK
                 return None, Failure(exc.kind, exc.message, exc.retryable)
@@ -398,10 +425,6 @@ class _Runner:
                 outcome = Outcome.OK
                 return None, Failure(ROLLOUT_ERROR, _describe(exc), False)
             outcome = Outcome.OK
-            problem = _invalid(raw)
-            if problem:
-                return None, Failure(INVALID_OUTPUT, problem, False)
-            assert isinstance(raw, RolloutOutput)
             return raw, None
         finally:
             await self._release(lease, outcome)
@@ -467,6 +490,13 @@ class _Runner:
             warnings.warn(f"rollbox runner lost track of rollouts: {report.summary()}",
                           RuntimeWarning, stacklevel=2)
         return report
+
+
+def _judged(claimed: RolloutOutput, verdict: Judgement) -> RolloutOutput:
+    """The output a judged task pays: the verdict's reward; the rollout's own claim and
+    the verdict's info kept beside the rollout's info."""
+    info = {**claimed.info, **verdict.info, "claimed_reward": claimed.reward}
+    return RolloutOutput(float(verdict.reward), info)
 
 
 def _invalid(raw: object) -> str | None:

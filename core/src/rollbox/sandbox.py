@@ -77,6 +77,15 @@ class Capabilities:
     ports: bool = False
     """``Sandbox.endpoint(port)`` reaches a port a process inside listens on, from the
     host, whatever the sandbox's network policy (the sandbox gains no network by it)."""
+    seal: bool = False
+    """``Sandbox.seal()`` ends every process the sandbox's commands started, daemons
+    included, and keeps its files: commands after it (a task's verdict) run with nothing
+    of the workload alive to watch, signal, trace or race them."""
+    exec_isolation: bool = False
+    """No process a command started can trace another command's processes, read or
+    write their memory, or take their file descriptors (ptrace, /proc/PID/mem,
+    process_vm_writev, pidfd_getfd): what one command leaves running cannot forge a
+    later command's result. Processes within one command's tree may (a debugger)."""
 
 
 @dataclass(frozen=True)
@@ -273,6 +282,17 @@ class Sandbox(ABC):
 
     async def snapshot(self) -> Snapshot:
         raise CapabilityNotSupportedError(f"{type(self).__name__} does not support snapshots")
+
+    async def seal(self) -> None:
+        """End the workload: kill every process the sandbox's commands started (daemons,
+        background jobs, whatever they left running; a command running now ends killed)
+        and keep the files as they are. Afterwards the sandbox runs commands again, with
+        nothing of what ran before alive. Backends with ``seal`` implement it; a task's
+        verdict runs after it (``rollbox.envs.Task.verdict``).
+
+        Raises SandboxLostError if the sandbox died, or when its processes would not end
+        (then it is stopped: nothing run in it afterwards could be trusted)."""
+        raise CapabilityNotSupportedError(f"{type(self).__name__} does not support seal")
 
     async def endpoint(self, port: int) -> Endpoint:
         """How the host reaches ``port``, which a process in this sandbox listens on

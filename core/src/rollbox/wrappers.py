@@ -81,6 +81,9 @@ class SandboxWrapper(Sandbox, Generic[S]):
     async def snapshot(self) -> Snapshot:
         return await self.inner.snapshot()
 
+    async def seal(self) -> None:
+        await self.inner.seal()
+
     async def endpoint(self, port: int) -> Endpoint:
         return await self.inner.endpoint(port)
 

@@ -179,6 +179,15 @@ class SandboxEnv(gymnasium.Env[str, str]):
     def _translate(self, transition: Transition, task_id: str | None,
                    sandbox_id: str | None) -> StepReturn:
         error, outcome = transition.failure, transition.step
+        if error is None and outcome is None:  # the rollout broke its sandbox: an outcome
+            broke = transition.info.get("workload_failure", "workload")
+            text = clean(f"[rollbox: the episode's own commands broke its sandbox ({broke}): "
+                         f"{transition.info.get('message', '')}]")
+            self._last, _ = truncate(text, self.max_observation_chars)
+            return self._last, transition.reward, True, False, {
+                "workload_failure": broke, "verifier": dict(transition.info),
+                "task_id": task_id, "sandbox_id": sandbox_id, "step": transition.steps,
+            }
         if error is not None or outcome is None:
             assert error is not None
             text = clean(f"[rollbox: the sandbox failed ({error.kind}): {error.message}]")

@@ -103,6 +103,9 @@ class RunCommandResponse(BaseModel):
     terminated: bool
     truncated: bool
     failure_kind: str | None = None
+    """The sandbox failed (not the episode's doing): drop the sample."""
+    workload_failure: str | None = None
+    """The episode's own commands broke its sandbox: an outcome, scored (``reward``)."""
 
 
 @dataclass
@@ -196,7 +199,14 @@ class RollboxResourcesServer(SimpleResourcesServer):
                 failure_kind=f"rollbox:{transition.failure.kind}",
             )
         step = transition.step
-        assert step is not None
+        if step is None:  # its own commands broke the sandbox: scored, not masked
+            return RunCommandResponse(
+                output=f"rollbox: the episode's own commands broke its sandbox: "
+                       f"{transition.info.get('message', '')}",
+                exit_code=None, timed_out=False, reward=transition.reward, terminated=True,
+                truncated=False,
+                workload_failure=str(transition.info.get("workload_failure", "workload")),
+            )
         return RunCommandResponse(
             output=_clip(step.result.stdout + step.result.stderr, self.config.max_output_chars),
             exit_code=step.result.exit_code, timed_out=step.timed_out,

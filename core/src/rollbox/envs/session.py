@@ -6,10 +6,13 @@ Every adapter is a translation of these four calls onto its own API:
                      from the pool ─► task.setup ─► Started (the prompt; retryable
                      failures retried on a fresh sandbox, ``reset_retries`` times)
     step(action)  ─► task.act ─► task.judge ─► Transition (reward, terminated, truncated
-                     at ``max_steps``); a SandboxError anywhere in it ends the episode
+                     at ``max_steps``); ``submit`` ─► task.act ─► task.verdict (sealed:
+                     see ``Task``). A SandboxError anywhere in it ends the episode
                      truncated, reward 0.0, with ``failure`` set, and the sandbox goes
-                     back broken: a failed sandbox is never a zero-reward outcome
-    verify()      ─► task.judge(step=None): the final verdict without an action
+                     back broken: a failed sandbox is never a zero-reward outcome. One
+                     the rollout caused (``WORKLOAD_OUTCOMES``) ends it terminated,
+                     scored by ``task.judge_failure``, ``failure`` unset: an outcome
+    verify()      ─► task.verdict: the final verdict without an action (sealed)
     close()       ─► the sandbox back to the pool (reset in place, kept warm)
 
 Gymnasium: ``reset`` → start, ``step`` → step. A NeMo Gym resources server:
@@ -24,7 +27,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from rollbox.envs.task import Judgement, StepOutcome, Task, is_sandbox_text
+from rollbox.envs.task import (
+    SUBMIT,
+    WORKLOAD_OUTCOMES,
+    Judgement,
+    StepOutcome,
+    Task,
+    is_sandbox_text,
+)
 from rollbox.errors import SANDBOX_SOUND_AFTER, RollboxError, SandboxError, UsageError
 from rollbox.pool import Lease, Outcome, Pool
 from rollbox.sandbox import Sandbox
@@ -44,7 +54,9 @@ class Started:
 @dataclass(frozen=True)
 class Transition:
     """What one action did. ``failure`` set: the sandbox failed, the episode is over
-    (``truncated``), and ``reward`` 0.0 is no outcome: drop it from training."""
+    (``truncated``), and ``reward`` 0.0 is no outcome: drop it from training. A failure
+    the rollout caused is an outcome instead (``terminated``, ``failure`` unset, the
+    reason in ``info["workload_failure"]``): train on it."""
 
     step: StepOutcome | None
     reward: float
@@ -114,8 +126,15 @@ class Session:
         self.steps += 1
         try:
             outcome = await task.act(lease.sandbox, action, timeout=self.step_timeout_s)
+            if action.strip() == SUBMIT:
+                self.task = None  # the verdict ends the episode, whatever it says
+                judgement = await task.verdict(lease.sandbox)
+                return Transition(outcome, float(judgement.reward), True, False, self.steps,
+                                  judgement.info)
             judgement = await task.judge(lease.sandbox, outcome)
         except SandboxError as error:
+            if isinstance(error, WORKLOAD_OUTCOMES):
+                return await self._workload_outcome(task, error)
             return await self.fail(error)
         done = bool(judgement.terminated)
         truncated = not done and self.max_steps is not None and self.steps >= self.max_steps
@@ -123,10 +142,28 @@ class Session:
                           judgement.info)
 
     async def verify(self) -> Judgement:
-        """The current episode's final verdict (``task.judge`` without an action)."""
-        if self.task is None or self._lease is None:
+        """The current episode's final verdict (``task.verdict``: sealed, so it ends the
+        episode). A failure the rollout caused is scored as ``task.judge_failure`` says;
+        any other sandbox failure raises (the sandbox goes back broken)."""
+        task, lease = self.task, self._lease
+        if task is None or lease is None:
             raise UsageError("start an episode before verifying it")
-        return await self.task.judge(self._lease.sandbox, None)
+        self.task = None
+        try:
+            return await task.verdict(lease.sandbox)
+        except SandboxError as error:
+            await self._drop(error)
+            if isinstance(error, WORKLOAD_OUTCOMES):
+                return task.judge_failure(error)
+            raise
+
+    async def _workload_outcome(self, task: Task, error: SandboxError) -> Transition:
+        """End the episode as its workload broke it: scored, ``failure`` unset."""
+        self.task = None
+        await self._drop(error)
+        judgement = task.judge_failure(error)
+        return Transition(None, float(judgement.reward), True, False, self.steps,
+                          judgement.info)
 
     async def fail(self, error: RollboxError) -> Transition:
         """End the episode because of ``error``: truncated, reward 0.0, the sandbox

@@ -15,8 +15,24 @@ workspace):
 ``prompt`` is what the agent is told; ``meta`` is free-form metadata. A task built from
 data passes a ``verifier`` (reward read from the sandbox) and, for scripted rollouts
 (the bench), a ``policy``; an environment with its own rules subclasses ``Task`` and
-overrides ``setup``/``act``/``judge``. A ``SandboxError`` raised by any of them is a
-sandbox failure, never a zero reward.
+overrides ``setup``/``act``/``judge``.
+
+**The final verdict is out of the rollout's reach** (``verdict``, what ``Session.verify``,
+a ``submit`` and the runner take): the sandbox is sealed first (every process the
+rollout started is killed, so nothing can watch, signal, trace or race the verdict's
+commands), then with ``answer`` only those files go on to a sandbox reset to its image
+(a replaced interpreter or an edited test stays behind), then ``judge_files`` (hidden
+tests, reference data: never in the sandbox before) are written, then ``judge(sandbox,
+None)`` runs. Between actions, ``judge`` sees the live sandbox: on a backend with
+``exec_isolation`` nothing a command left running can forge a later command's result,
+but the files are the rollout's to change, so keep what decides the reward in
+``judge_files`` (the default ``judge`` then waits for the final verdict).
+
+**Failures are attributed.** A ``SandboxError`` raised by ``setup``/``act``/``judge`` is a
+sandbox failure, never a zero reward, unless the rollout caused it: a ``WorkloadError``
+(the sandbox's own limits, rollbox's helpers killed from inside) or a verdict command
+overrunning its timeout is an outcome of the rollout, scored by ``judge_failure`` (0.0 by
+default) and never retried.
 """
 
 from __future__ import annotations
@@ -25,9 +41,18 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
-from rollbox.errors import ExecTimeoutError, UsageError
+from rollbox.errors import (
+    ExecTimeoutError,
+    FileTooLargeError,
+    NotRegularFileError,
+    PathOutsideSandboxError,
+    SandboxError,
+    SandboxFileNotFoundError,
+    UsageError,
+    WorkloadError,
+)
 from rollbox.results import RolloutOutput
-from rollbox.sandbox import ExecResult, Sandbox
+from rollbox.sandbox import ExecResult, Sandbox, resolve_path
 from rollbox.spec import SandboxSpec
 
 RolloutFn = Callable[[Sandbox, "Task", int], Awaitable[RolloutOutput]]
@@ -71,12 +96,33 @@ class Task:
     policy: RolloutFn | None = None
     verifier: Verifier | None = None
     meta: Mapping[str, Any] = field(default_factory=dict)
+    judge_files: Mapping[str, bytes] = field(default_factory=dict)
+    """Files only the final verdict brings into the sandbox (path, relative to the
+    workdir, to bytes): hidden tests, reference data. Written after the seal, so no
+    process of the rollout ever sees them."""
+    answer: tuple[str, ...] | None = None
+    """The files that are the rollout's answer (paths relative to the workdir). Given,
+    the final verdict runs on the sandbox reset to its image with only these files
+    carried over; None judges the sandbox as the rollout left it (after the seal)."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.id, str) or not self.id:
             raise UsageError(f"Task.id must be a non-empty str, got {self.id!r}")
         if not isinstance(self.spec, SandboxSpec):
             raise UsageError(f"Task {self.id!r}: spec must be a SandboxSpec")
+        for path, data in self.judge_files.items():
+            if not isinstance(path, str) or not isinstance(data, bytes):
+                raise UsageError(f"Task {self.id!r}: judge_files maps str paths to bytes")
+        if self.answer is not None and (
+                isinstance(self.answer, str) or not all(isinstance(p, str) for p in self.answer)):
+            raise UsageError(f"Task {self.id!r}: answer is a tuple of paths (str), or None")
+
+    @property
+    def judged(self) -> bool:
+        """Whether the task gives a verdict of its own (a verifier, or its own
+        ``judge``): the runner then takes the reward from ``verdict``, not from what
+        the rollout function says."""
+        return self.verifier is not None or type(self).judge is not Task.judge
 
     @property
     def instruction(self) -> str:
@@ -109,11 +155,49 @@ class Task:
         if self.verifier is None:
             return Judgement(0.0, step is None, {"verified": False})
         submitted = step is None or step.action.strip() == SUBMIT
+        if not submitted and self.judge_files:  # what it needs comes with the verdict
+            return Judgement(0.0, False, {"verified": False})
         score = float(await self.verifier(sandbox, self))
         info = {"verified": True, "score": score, "submitted": submitted}
         if submitted or score >= 1.0:
             return Judgement(score, True, info)
         return Judgement(0.0, False, info)
+
+    async def verdict(self, sandbox: Sandbox) -> Judgement:
+        """The final verdict, out of the rollout's reach (see the module docstring):
+        seal, carry ``answer`` over to a reset sandbox, write ``judge_files``, then
+        ``judge(sandbox, None)``. A verdict command that overruns its timeout scores as
+        ``judge_failure`` says. Afterwards the sandbox holds the verdict's state: give
+        it back to be reset.
+
+        Raises CapabilityNotSupportedError on a backend that cannot seal, and the
+        SandboxErrors of the sandbox's own calls (a lost sandbox is no verdict)."""
+        await sandbox.seal()
+        info: dict[str, Any] = {}
+        if self.answer is not None:
+            carried, missing = await _read_answer(sandbox, self.answer)
+            await sandbox.reset()
+            for path, data in carried.items():
+                await sandbox.write_file(path, data)
+            if missing:
+                info["answer_missing"] = missing
+        for path, data in self.judge_files.items():
+            await sandbox.write_file(path, data)
+        try:
+            judgement = await self.judge(sandbox, None)
+        except ExecTimeoutError as error:
+            judgement = self.judge_failure(error)
+        if not info:
+            return judgement
+        return Judgement(judgement.reward, judgement.terminated, {**judgement.info, **info})
+
+    def judge_failure(self, error: SandboxError) -> Judgement:
+        """The verdict on an episode its own workload broke (a ``WorkloadError``, a
+        verdict command past its timeout): 0.0, finished. Override to score it another
+        way; never raise (it is an outcome, not an error)."""
+        return Judgement(0.0, True, {"workload_failure": error.kind,
+                                     "cause": getattr(error, "cause", error.kind),
+                                     "message": error.message[:300]})
 
 
 @runtime_checkable
@@ -125,6 +209,28 @@ class TaskSource(Protocol):
     def tasks(self) -> Iterable[Task]:
         """The tasks, in the order a runner should start them."""
         ...
+
+
+WORKLOAD_OUTCOMES: tuple[type[SandboxError], ...] = (WorkloadError, ExecTimeoutError)
+"""Sandbox errors that are an outcome of the rollout (scored by ``Task.judge_failure``),
+not a failure of the sandbox: the workload broke its own sandbox, or overran a command's
+timeout where no ``act`` turned that into what the agent sees."""
+
+
+async def _read_answer(sandbox: Sandbox, paths: tuple[str, ...]
+                       ) -> tuple[dict[str, bytes], list[str]]:
+    """The answer files that are there (path → bytes), and the paths that are not: a
+    path that is no regular file, too large, or missing is no answer."""
+    carried: dict[str, bytes] = {}
+    missing: list[str] = []
+    for path in paths:
+        full = resolve_path(path, sandbox.spec.workdir)
+        try:
+            carried[full] = await sandbox.read_file(full)
+        except (SandboxFileNotFoundError, NotRegularFileError, FileTooLargeError,
+                PathOutsideSandboxError):
+            missing.append(path)
+    return carried, missing
 
 
 def is_sandbox_text(value: str) -> bool:

@@ -118,6 +118,11 @@ class FakeSandbox(Sandbox):
         self.files = dict(self.base)
         self.backend.resets += 1
 
+    async def seal(self) -> None:
+        """In memory, a command runs nothing that outlives it: nothing to end."""
+        self._check()
+        self.backend.seals += 1
+
     async def snapshot(self) -> Snapshot:
         self._check()
         snap = Snapshot(id=f"snap-{next(self.backend._ids)}", spec=self.spec, backend="fake")
@@ -215,7 +220,7 @@ class FakeBackend(Backend):
     capabilities = Capabilities(
         reset_in_place=True, snapshot=True, fork=True, streaming=True, signals=True,
         network_none=True,  # in memory: no network at all
-        shell=False,
+        shell=False, seal=True,
     )
 
     def __init__(
@@ -238,6 +243,7 @@ class FakeBackend(Backend):
         self.snapshots: dict[str, dict[str, bytes]] = {}
         self.created = 0
         self.resets = 0
+        self.seals = 0
         self.prefetched: list[str] = []
         self._ids = itertools.count(1)
 
