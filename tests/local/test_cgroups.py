@@ -51,12 +51,15 @@ async def _check_generation(backend: LocalBackend, sandbox: LocalSandbox) -> Non
             await asyncio.sleep(0.05)
         assert pids, "the command never showed up on the host"
         assert generation.agent is not None
-        members = {generation.instance.holder, generation.agent.pid, *pids}
-        for pid in members:
+        rollbox = {generation.instance.holder, generation.agent.pid}
+        for pid in {*rollbox, *pids}:
             groups = _own_groups(pid)
             for controller in ("memory", "pids", "cpu", "freezer"):
                 key = controller if cgroups.version == 1 else ""
-                assert groups[key].endswith("/" + generation.cgroup), (pid, controller, groups)
+                group = "/" + generation.cgroup
+                if controller == "memory" and cgroups.version == 1 and pid not in rollbox:
+                    group += "/work"  # the workload's memory: its limit, never the agent's
+                assert groups[key].endswith(group), (pid, controller, groups)
     finally:
         await process.send_signal(signal.SIGKILL)
         await process.wait()

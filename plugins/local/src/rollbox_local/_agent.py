@@ -28,16 +28,32 @@ serves one request at a time and is a child subreaper: every process a command s
 daemons that double-fork and call ``setsid`` included, stays in the helper's subtree
 until it exits. That subtree is the command's tree — what a timeout kills, exactly, and
 nothing of any other command. A helper that is killed from inside (a command may signal
-its own helper: same uid) leaves strays to the agent, which kills them. Helpers and the
-agent are not dumpable: a command cannot ptrace them or open their file descriptors
-through /proc.
+its own helper: same uid) leaves strays to the agent, which kills them; one that is
+stopped is continued at once (the agent is its parent and hears of the stop). Helpers and
+the agent are not dumpable: a command cannot ptrace them or open their file descriptors
+through /proc. Where the kernel has Landlock, each helper enters a Landlock domain of its
+own as it is forked, and its commands inherit it: a process can then trace, read or write
+the memory of, or take descriptors from, only processes of its own helper's domain. A
+helper serves one request at a time and only once its subtree is empty, so two commands
+alive at once are always in different domains: nothing a command leaves running can
+reach a later command (a verdict's, say). The agent ignores every signal from inside
+(it is the pid namespace's init and installs no handler a sandbox could reach).
+
+Where the sandbox's memory is limited by a cgroup v1 group, the helpers (and so every
+command) move into its ``work`` child group, which holds the limit; the agent stays in
+the generation's group above it, so an out-of-memory kill of the workload never picks
+the agent.
 
 The agent's socket (JSON from the backend; every fd arrives close-on-exec)::
 
     {"op": "helper"}                 fork a helper: answered "H <pid>" + its socket,
                                      or "N <errno> <why>" (the sandbox's process limit)
     {"op": "cont", "pid": P}         SIGCONT helper P (its command may have stopped it)
+    {"op": "slay", "pid": P}         SIGKILL helper P: its request's tree goes with it
+                                     (a helper its own command keeps from killing it)
     {"op": "freeze"} / {"op": "thaw"} + status: stop / continue every process
+    {"op": "seal"} + status          kill every process but the agent, helpers too
+                                     (before a verdict: nothing of the workload lives on)
 
 A helper's socket (a command starts with exactly fds 0, 1 and 2)::
 
@@ -167,6 +183,7 @@ def zygote(sock: socket.socket) -> None:
     _prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)
     _seccomp_filter()
+    landlock_abi()
     while True:
         try:
             msg, fds = _recv(sock)
@@ -408,6 +425,9 @@ def _enter(req: dict[str, Any], channel: int) -> None:
     """C1: join the sandbox, create its pid namespace, fork the agent as its init."""
     if req.get("cgroup_procs"):  # before leaving the host's mount namespace
         _join_cgroup(req["cgroup_procs"])
+    # The workload's group, opened here (the sandbox has no cgroup filesystem): each
+    # helper writes itself into it as it is forked (v1 ``tasks``: see cgroups.py).
+    work = [os.open(path, os.O_WRONLY | os.O_CLOEXEC) for path in req.get("workload_cgroup", ())]
     if req.get("await_holder"):
         _await_holder(req["holder"], req["await_holder"])
     base = f"/proc/{req['holder']}"
@@ -430,7 +450,7 @@ def _enter(req: dict[str, Any], channel: int) -> None:
     _check(_unshare(CLONE_NEWPID), "unshare pid")
     agent = os.fork()
     if agent == 0:
-        _become_agent(req, channel)
+        _become_agent(req, channel, work)
     os.write(channel, f"P {agent}".encode())  # its host pid: the backend watches and kills it
     os._exit(0)
 
@@ -561,11 +581,13 @@ def _install_seccomp() -> None:
     _check(_prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.byref(fprog), 0, 0), "seccomp")
 
 
-def _become_agent(req: dict[str, Any], channel: int) -> None:
-    """Pid 1 of the sandbox's pid namespace: signals from inside cannot kill it, and it
-    is not dumpable, so nothing inside can ptrace it either."""
+def _become_agent(req: dict[str, Any], channel: int, work: list[int]) -> None:
+    """Pid 1 of the sandbox's pid namespace: signals from inside cannot kill it (the
+    kernel drops those an init has no handler for, and SIGINT, the one Python handles,
+    is ignored), and it is not dumpable, so nothing inside can ptrace it either."""
     _mount_proc()
     _prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     os.setsid()
     os.setresgid(0, 0, 0)
     os.setresuid(0, 0, 0)
@@ -583,11 +605,54 @@ def _become_agent(req: dict[str, Any], channel: int) -> None:
     _check(_prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no_new_privs")
     _install_seccomp()
     os.chdir("/")
-    os.closerange(3, channel)
-    os.closerange(channel + 1, 65536)
+    _close_all_but(channel, *work)
     os.set_inheritable(channel, False)
-    Agent(socket.socket(fileno=channel)).serve()
+    Agent(socket.socket(fileno=channel), work).serve()
     os._exit(0)
+
+
+def _close_all_but(*keep: int) -> None:
+    """Close every descriptor from 3 up but ``keep``."""
+    low = 3
+    for fd in sorted(keep):
+        os.closerange(low, fd)
+        low = fd + 1
+    os.closerange(low, 65536)
+
+
+# Landlock (Linux >= 5.13): a domain restricts what its processes may do to processes
+# outside it. A ruleset must handle some access right: making block devices, which a
+# sandbox (no CAP_MKNOD) can never do anyway, so the domain restricts nothing else.
+SYS_LANDLOCK_CREATE_RULESET, SYS_LANDLOCK_RESTRICT_SELF = 444, 446  # x86_64 and aarch64
+LANDLOCK_CREATE_RULESET_VERSION = 1
+LANDLOCK_ACCESS_FS_MAKE_BLOCK = 1 << 11
+
+
+@functools.cache
+def landlock_abi() -> int:
+    """The kernel's Landlock ABI version, 0 where there is none (or it is disabled)."""
+    if os.uname().machine not in AUDIT_ARCH:
+        return 0
+    version = libc.syscall(SYS_LANDLOCK_CREATE_RULESET, None, ctypes.c_size_t(0),
+                           ctypes.c_uint32(LANDLOCK_CREATE_RULESET_VERSION))
+    return max(0, int(version))
+
+
+def _enter_landlock_domain() -> bool:
+    """Put this process (a fresh helper) in a Landlock domain of its own; False where
+    the kernel has no Landlock. Needs no_new_privs (the agent set it)."""
+    if not landlock_abi():
+        return False
+    handled = ctypes.c_uint64(LANDLOCK_ACCESS_FS_MAKE_BLOCK)
+    ruleset = libc.syscall(SYS_LANDLOCK_CREATE_RULESET, ctypes.byref(handled),
+                           ctypes.c_size_t(8), ctypes.c_uint32(0))
+    if ruleset < 0:
+        return False
+    try:
+        return int(libc.syscall(SYS_LANDLOCK_RESTRICT_SELF, ctypes.c_int(ruleset),
+                                ctypes.c_uint32(0))) == 0
+    finally:
+        os.close(ruleset)
 
 
 # -- the agent ----------------------------------------------------------------------------
@@ -602,8 +667,9 @@ class Agent:
     continues a helper that its own command stopped; reaps, and kills the strays a
     helper killed from inside leaves behind; freezes the sandbox for a snapshot."""
 
-    def __init__(self, sock: socket.socket) -> None:
+    def __init__(self, sock: socket.socket, work: list[int] | None = None) -> None:
         self.sock = sock
+        self.work = work or []  # the workload's cgroup: helpers enter it (see _enter)
         self.helpers: set[int] = set()
         self.purge = False  # a helper died from a signal: kill the strays it left
         self.poller = select.poll()
@@ -648,9 +714,13 @@ class Agent:
             _send_quietly(self.sock, f"N {exc.errno or 0} {exc.strerror}".encode())
             return
         if pid == 0:  # keep nothing of the agent's: its socket, other requests' pipes
-            keep = theirs.fileno()
-            os.closerange(3, keep)
-            os.closerange(keep + 1, 65536)
+            for fd in self.work:
+                try:
+                    os.write(fd, b"0")
+                except OSError:
+                    pass  # the limit still holds for the group above
+            _close_all_but(theirs.fileno())
+            _enter_landlock_domain()
             Helper(theirs).serve()
             os._exit(0)
         theirs.close()
@@ -677,26 +747,64 @@ class Agent:
         except (ValueError, KeyError, TypeError):
             _close(*fds[:1])
             return True
+        helper = req.get("pid") if req.get("pid") in self.helpers else None
         if op == "helper":
             self.give_helper()
-        elif op == "cont" and isinstance(req.get("pid"), int) and req["pid"] in self.helpers:
-            _signal(req["pid"], signal.SIGCONT)  # a command may have stopped its helper
+        elif op == "cont" and helper is not None:
+            _signal(helper, signal.SIGCONT)  # a command may have stopped its helper
+        elif op == "slay" and helper is not None:
+            _signal(helper, signal.SIGKILL)  # its tree: strays, killed once it is reaped
         elif op in ("freeze", "thaw") and fds:
             ok = freeze(op == "freeze")
             _write(fds[0], "X 0" if ok else f"E {errno.EBUSY} its processes would not stop")
+        elif op == "seal" and fds:
+            killed = self.seal()
+            _write(fds[0], f"X {killed}" if killed >= 0
+                   else f"E {errno.EBUSY} its processes would not die")
         _close(*fds[:1])
         return True
+
+    def seal(self) -> int:
+        """Kill every process of the sandbox but this one, helpers included, and reap
+        them all; the number killed, or -1 if some would not die in SEAL_WAIT_S.
+
+        ``kill(-1)`` from a pid namespace's init reaches every other process in it, and
+        a process forking meanwhile cannot escape: its child exists when the signal is
+        sent (and gets it too), or its fork fails on the pending SIGKILL."""
+        me = os.getpid()
+        victims = len(_processes()) - 1
+        _signal(-1, signal.SIGKILL)
+        deadline = time.monotonic() + SEAL_WAIT_S
+        while True:
+            while True:
+                try:
+                    pid, _ = os.waitpid(-1, os.WNOHANG)
+                except ChildProcessError:
+                    break
+                if pid == 0:
+                    break
+            if list(_processes()) == [me]:
+                break
+            if time.monotonic() > deadline:
+                return -1
+            time.sleep(0.0005)
+        self.helpers.clear()
+        self.purge = False
+        return victims
 
     def reap(self) -> None:
         while True:
             try:
-                pid, wstatus = os.waitpid(-1, os.WNOHANG)
+                pid, wstatus = os.waitpid(-1, os.WNOHANG | os.WUNTRACED)
             except ChildProcessError:
                 break
             if pid == 0:
                 break
             if pid not in self.helpers:
                 continue  # a stray, adopted after its helper died
+            if os.WIFSTOPPED(wstatus):  # by a command of the sandbox: it must serve
+                _signal(pid, signal.SIGCONT)
+                continue
             self.helpers.discard(pid)
             if os.WIFSIGNALED(wstatus):
                 self.purge = True
@@ -760,6 +868,9 @@ REHEARSAL = -1
 WARM_UP_PATH = "/.rollbox-warm-up"
 """Run by each helper's warm-up: a path no image has (it fails)."""
 WARM_WAIT_MS = 1000
+SEAL_WAIT_S = 5.0
+"""How long ``Agent.seal`` waits for the killed processes to be gone (a process in
+uninterruptible sleep dies only when its system call returns)."""
 """How long the agent waits at boot for its first helper to warm up (see give_helper)."""
 
 

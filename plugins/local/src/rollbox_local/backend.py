@@ -38,6 +38,7 @@ from rollbox.spec import SandboxSpec
 
 from rollbox_local import cleanup
 from rollbox_local import doctor as doctor_checks
+from rollbox_local._agent import landlock_abi
 from rollbox_local.bwrap import Bwrap, find_bwrap, write_etc
 from rollbox_local.cgroups import Cgroups
 from rollbox_local.image_capacity import capacity_from_env
@@ -66,10 +67,11 @@ class LocalBackend(Backend):
         reset_in_place=True, snapshot=True, fork=True, streaming=True, signals=True,
         network_none=True, network_host=True, file_transfer=True, pids_limit=True,
         cpu_time_limit=True, file_size_limit=True, reset_command=True, entrypoint=True,
-        isolation=True, ports=True,
+        isolation=True, ports=True, seal=True,
     )
     """What every local backend can do; an instance adds the limits this machine lets it
-    enforce (cgroups: memory and CPU of the sandbox as a whole)."""
+    enforce (cgroups: memory and CPU of the sandbox as a whole) and, where the kernel has
+    Landlock, ``exec_isolation``."""
 
     def __init__(
         self,
@@ -100,7 +102,7 @@ class LocalBackend(Backend):
         self.capabilities = dataclasses.replace(
             LocalBackend.capabilities, memory_limit=self.cgroups is not None,
             cpu_limit=self.cgroups is not None, disk_limit=self.scratch.tmpfs_layers,
-            inode_limit=self.scratch.tmpfs_layers)
+            inode_limit=self.scratch.tmpfs_layers, exec_isolation=landlock_abi() > 0)
         if self.ids is not None:
             self._check_reachable(given=state_dir is not None)
         capacity = image_capacity_bytes or capacity_from_env()  # UsageError if malformed

@@ -7,6 +7,19 @@ generation of each sandbox gets one, under a group per backend process::
 
     <where this process may make groups>/rollbox-<owner>/   cpu weight of one process
         lbx-…-g0/   memory, pids, cpu quota and weight; freezer (one per generation)
+            work/   (cgroup v1 memory) the helpers and every command: the memory limit
+
+On cgroup v1 the generation's agent stays in ``lbx-…-g0`` while its helpers enter
+``work/`` as they are forked (``_agent.py``): an out-of-memory kill inside the sandbox
+chooses among the workload's processes only, never the agent, so a sandbox that exhausts
+its memory stays a sandbox (its command is killed, the next one runs). cgroup v2 allows
+processes only in leaf groups and has no cheap way for a process to enter one (see
+JOIN_V1), so there the agent shares the group and an agent killed for memory is counted
+(``oom_kills``) and reported as the workload's doing.
+
+Where the writable layer is a tmpfs (``scratch.py``), its pages are memory charged to the
+group: the memory limit is then ``memory_mb + disk_mb``, so that a full layer is ENOSPC
+at ``disk_mb`` and never an out-of-memory kill.
 
 The zygote's child makes a generation's group, writes its limits and enters it before
 it starts bwrap, and the agent's first process enters it before it forks the agent: the
@@ -68,16 +81,23 @@ cgroup2 mount makes it cheap)."""
 PREFIX = "rollbox-"
 KILL_ROUNDS = 3
 MiB = 1024 * 1024
+WORKLOAD = "work"
+"""The child group (v1 memory) the workload's processes run in."""
+AGENT_MEMORY_MB = 64
+"""What a generation's group allows beyond its workload's limit, for the agent and
+bwrap's holder (a few MiB each, most of it shared with the zygote)."""
 
 
 @dataclass(frozen=True)
 class CgroupPlan:
     """What the zygote's child does for one generation, in order: make ``dirs``, write
-    ``writes`` (file, value), then write ``0`` (itself) into each of ``procs``."""
+    ``writes`` (file, value), then write ``0`` (itself) into each of ``procs``. Each of
+    the agent's helpers then writes ``0`` into each of ``workload``."""
 
     dirs: tuple[str, ...]
     writes: tuple[tuple[str, str], ...]
     procs: tuple[str, ...]
+    workload: tuple[str, ...] = ()
 
     def as_request(self) -> dict[str, list[object]]:
         return {"dirs": list(self.dirs), "writes": [list(w) for w in self.writes],
@@ -140,36 +160,62 @@ class Cgroups:
     def group(self, name: str) -> dict[str, Path]:
         return {controller: base / name for controller, base in self.bases.items()}
 
-    def plan(self, name: str, resources: Resources, *, standby: bool = False) -> CgroupPlan:
+    def plan(self, name: str, resources: Resources, *, standby: bool = False,
+             layer_in_memory: bool = False) -> CgroupPlan:
         """The group ``name`` with ``resources``' memory, pids and CPU limits; at
-        STANDBY_WEIGHT until ``put_to_use`` where ``standby``."""
+        STANDBY_WEIGHT until ``put_to_use`` where ``standby``. ``layer_in_memory``: the
+        writable layer is a tmpfs of ``disk_mb``, whose pages count as memory."""
         groups = self.group(name)
         writes: list[tuple[str, str]] = []
         if standby:
             writes.append((str(self._weight_file(name)), str(STANDBY_WEIGHT[self.version])))
         r = resources
+        memory = None if r.memory_mb is None else (
+            r.memory_mb + (r.disk_mb or 0 if layer_in_memory else 0)) * MiB
         if self.version == 2:
             path = groups["memory"]
-            if r.memory_mb is not None:
-                writes += [(f"{path}/memory.max", str(r.memory_mb * MiB)),
+            if memory is not None:
+                writes += [(f"{path}/memory.max", str(memory)),
                            (f"{path}/memory.swap.max", "0")]
             if r.pids is not None:
                 writes.append((f"{path}/pids.max", str(r.pids)))
             if r.cpus is not None:
                 writes.append((f"{path}/cpu.max", f"{_quota(r.cpus)} {CPU_PERIOD_US}"))
             return CgroupPlan((str(path),), tuple(writes), (f"{path}/cgroup.procs",))
-        if r.memory_mb is not None:
-            memory = groups["memory"]
-            writes.append((f"{memory}/memory.limit_in_bytes", str(r.memory_mb * MiB)))
-            if (self.bases["memory"] / "memory.memsw.limit_in_bytes").exists():
-                writes.append((f"{memory}/memory.memsw.limit_in_bytes", str(r.memory_mb * MiB)))
+        dirs = [str(p) for p in groups.values()]
+        workload: tuple[str, ...] = ()
+        if memory is not None:
+            work = groups["memory"] / WORKLOAD
+            dirs.append(str(work))
+            workload = (f"{work}/{JOIN_V1}",)
+            swap = (self.bases["memory"] / "memory.memsw.limit_in_bytes").exists()
+            for group, limit in ((groups["memory"], memory + AGENT_MEMORY_MB * MiB),
+                                 (work, memory)):
+                writes.append((f"{group}/memory.limit_in_bytes", str(limit)))
+                if swap:  # no swap: after memory.limit_in_bytes, which it may not undercut
+                    writes.append((f"{group}/memory.memsw.limit_in_bytes", str(limit)))
         if r.pids is not None:
             writes.append((f"{groups['pids']}/pids.max", str(r.pids)))
         if r.cpus is not None:
             writes += [(f"{groups['cpu']}/cpu.cfs_period_us", str(CPU_PERIOD_US)),
                        (f"{groups['cpu']}/cpu.cfs_quota_us", str(_quota(r.cpus)))]
-        dirs = tuple(str(p) for p in groups.values())
-        return CgroupPlan(dirs, tuple(writes), tuple(f"{d}/{JOIN_V1}" for d in dirs))
+        procs = tuple(f"{d}/{JOIN_V1}" for d in dirs if not d.endswith(f"/{WORKLOAD}"))
+        return CgroupPlan(tuple(dirs), tuple(writes), procs, workload)
+
+    def oom_kills(self, name: str) -> int:
+        """How many processes of generation ``name`` the kernel killed for its memory
+        limit (0 where it cannot tell, or the group is gone)."""
+        group = self.group(name)["memory"]
+        files = ((group / "memory.events",) if self.version == 2 else
+                 (group / "memory.oom_control", group / WORKLOAD / "memory.oom_control"))
+        kills = 0
+        for path in files:
+            with contextlib.suppress(OSError, ValueError):
+                for line in _read(path).splitlines():
+                    key, _, value = line.partition(" ")
+                    if key == "oom_kill":
+                        kills += int(value)
+        return kills
 
     def _weight_file(self, name: str) -> Path:
         return self.group(name)["cpu"] / ("cpu.weight" if self.version == 2 else "cpu.shares")

@@ -139,7 +139,8 @@ class FileOps:
         for fd in fds:
             os.close(fd)
         if not msg:
-            raise self.sandbox.lost(f"the agent went away while connecting to port {port}")
+            raise await self.sandbox.broken(f"its helper went away while connecting to port "
+                                            f"{port}")
         raise PortNotOpenError(
             f"nothing accepts connections on port {port} inside sandbox {self.sandbox.id} "
             f"({msg[2:].decode(errors='replace').partition(' ')[2] or 'refused'}); start the "
@@ -156,7 +157,7 @@ class FileOps:
         incoming: bytes | None = None,
         pump: Callable[[int], Awaitable[None]] | None = None,
         to_sandbox: bool = False,
-    ) -> Outcome | None:
+    ) -> Outcome:
         """Send one file request; move its bytes; return the helper's final status.
 
         Data flows out of the sandbox into ``outgoing`` (read) or ``pump`` (download), or
@@ -189,7 +190,6 @@ class FileOps:
             async with asyncio.timeout(self.sandbox.spec.timeouts.exec_s):
                 outcome = await status.final
                 await mover
-            return outcome
         except TimeoutError:
             self.sandbox.tell_agent({"op": "kill", "id": rid})
             raise ExecTimeoutError(
@@ -204,18 +204,19 @@ class FileOps:
             mover.cancel()
             with contextlib.suppress(BaseException):
                 await mover
+        if outcome is None:
+            raise await self.sandbox.broken(f"its helper went away while moving {path}")
+        return outcome
 
     async def _send(self, agent: AgentChannel, rid: int, request: dict[str, Any],
                     fds: list[int]) -> None:
         try:
             await agent.dispatch(rid, request, fds)
         except OSError as exc:
-            raise self.sandbox.lost(f"stopped answering: {exc}") from exc
+            raise await self.sandbox.broken(f"no helper took a file request ({exc})") from exc
 
-    def _check(self, outcome: Outcome | None, path: str) -> None:
+    def _check(self, outcome: Outcome, path: str) -> None:
         sandbox_id = self.sandbox.id
-        if outcome is None:
-            raise self.sandbox.lost(f"the agent went away while moving {path}")
         if outcome.tag == "X":
             return
         if outcome.tag == "T":

@@ -42,6 +42,8 @@ class Generation:
     cgroup: str | None = None
     """The name of its cgroup (``cgroups.py``), None where the backend has none."""
     cgroup_procs: tuple[str, ...] = ()
+    workload_cgroup: tuple[str, ...] = ()
+    """Where its helpers, and so its commands, go (``CgroupPlan.workload``)."""
     on_stopped: Callable[[], None] | None = None
     """Called once every process is gone (drops the cgroup)."""
     on_put_to_use: Callable[[], None] | None = None
@@ -80,9 +82,15 @@ class Generation:
             self._agent_boot = asyncio.ensure_future(sandbox.backend.zygote.boot_agent(
                 holder=self.instance.holder, rlimits=sandbox.rlimits, sandbox_id=sandbox.id,
                 timeout=sandbox.spec.timeouts.create_s, cgroup_procs=self.cgroup_procs,
+                workload_cgroup=self.workload_cgroup,
                 holder_ready=holder_ready,
             ))
         return self._attach(await asyncio.shield(self._agent_boot))
+
+    @property
+    def booting_agent(self) -> bool:
+        """Its agent is being started (a first command, ``prepare``) but not there yet."""
+        return self._agent_boot is not None and self.agent is None
 
     def put_to_use(self) -> None:
         """Someone waits on this generation now: give it a used generation's CPU weight."""
@@ -138,7 +146,8 @@ async def boot_generation(sandbox: LocalSandbox, number: int, *, agent: bool = F
     commands running now keep the CPU."""
     backend = sandbox.backend
     cgroup = cgroup_name(sandbox, number)
-    plan = (backend.cgroups.plan(cgroup, sandbox.resources, standby=background)
+    plan = (backend.cgroups.plan(cgroup, sandbox.resources, standby=background,
+                                 layer_in_memory=backend.scratch.tmpfs_layers)
             if backend.cgroups and cgroup else None)
     place = _place(sandbox, number)
     log_path = str(sandbox.directory / f"bwrap{number}.log")
@@ -165,6 +174,7 @@ async def boot_generation(sandbox: LocalSandbox, number: int, *, agent: bool = F
         raise
     generation = Generation(instance, place.layout.upper, place.leftovers,
                             place.tmpfs is not None, cgroup, plan.procs if plan else (),
+                            plan.workload if plan else (),
                             lambda: backend.drop_cgroup(cgroup),
                             (lambda: backend.put_to_use(cgroup)) if plan and background else None)
     if with_agent:

@@ -103,6 +103,12 @@ class Helpers:
         for link in [*self.idle, *self.busy.values()]:
             self._drop(link)
 
+    def forget_all(self) -> None:
+        """Every helper was killed (the agent sealed the sandbox): let them all go; the
+        next request asks the agent for a fresh one."""
+        for link in [*self.idle, *self.busy.values()]:
+            self._drop(link)
+
     # -- requests --------------------------------------------------------------------
 
     async def dispatch(self, rid: int, message: dict[str, Any], fds: Sequence[int]) -> None:
@@ -132,6 +138,11 @@ class Helpers:
             self.busy[rid] = link
             return
         raise OSError(errno.EPIPE, "no helper of the sandbox's agent took the request")
+
+    def serving(self, rid: int) -> int | None:
+        """The pid of the helper serving request ``rid``, None once it is done."""
+        link = self.busy.get(rid)
+        return None if link is None else link.pid
 
     def order(self, rid: int, message: dict[str, Any]) -> int | None:
         """Send an order (signal, kill) to the helper serving ``rid``; its pid, or None

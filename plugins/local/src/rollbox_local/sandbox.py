@@ -30,6 +30,7 @@ from rollbox.errors import (
     SandboxLostError,
     SnapshotFailedError,
     UsageError,
+    WorkloadError,
 )
 from rollbox.sandbox import (
     Endpoint,
@@ -66,6 +67,12 @@ moment later, off that command's path. With ``network="host"`` it is killed at o
 
 DELIVERY_ATTEMPTS = 3
 """How often a command is sent when no helper takes it up (``_undelivered``)."""
+AGENT_EXIT_GRACE_S = 0.5
+"""How long a request whose helper died waits to see whether the agent is dying too."""
+KILL_CONFIRM_S = 0.45
+"""How long a timed-out command's helper has to confirm its tree is dead before the
+agent kills the helper itself, and the agent then to have done so: a timeout is
+enforced within a second, whatever the sandbox's processes do to its helpers."""
 
 
 class LocalSandbox(Sandbox):
@@ -95,6 +102,7 @@ class LocalSandbox(Sandbox):
         self._closed = False
         self._teardown: asyncio.Future[None] | None = None
         self._retiring: set[Generation] = set()
+        self._stopping: set[asyncio.Task[None]] = set()
         self.files = FileOps(self)
         self.ports = PortRelays(sandbox_id, self.open_port)
         """The host side of ``endpoint``: a loopback relay per exposed port."""
@@ -110,11 +118,22 @@ class LocalSandbox(Sandbox):
             raise SandboxLostError(f"sandbox {self.id} is closed", sandbox_id=self.id)
         current = self._current
         if current is None or not current.alive:
-            raise SandboxLostError(
-                f"sandbox {self.id} died (its init process is gone); acquire a new one",
-                sandbox_id=self.id,
-            )
+            raise self.died("its init process is gone; acquire a new one")
         return current
+
+    def died(self, why: str) -> SandboxError:
+        """The error for a generation that died: the workload's doing where the kernel
+        killed it for the sandbox's own memory limit (``WorkloadError``, an outcome),
+        else ``SandboxLostError`` (retryable)."""
+        current, cgroups = self._current, self.backend.cgroups
+        if (current is not None and current.cgroup is not None and cgroups is not None
+                and cgroups.oom_kills(current.cgroup)):
+            return WorkloadError(
+                f"sandbox {self.id} died ({why}): its processes exhausted its memory "
+                f"(resources.memory_mb={self.resources.memory_mb}) and the kernel killed "
+                "its init; this counts as the rollout's outcome", sandbox_id=self.id,
+                cause="memory")
+        return SandboxLostError(f"sandbox {self.id} died ({why})", sandbox_id=self.id)
 
     def _schedule_standby(self) -> None:
         if self._standby is None and not self._standby_due:
@@ -209,6 +228,8 @@ class LocalSandbox(Sandbox):
         await asyncio.shield(self._teardown)
 
     async def _tear_down(self) -> None:
+        for task in self._stopping:
+            task.cancel()
         await self.ports.aclose()
         for old in list(self._retiring):
             self._retire(old)
@@ -256,7 +277,8 @@ class LocalSandbox(Sandbox):
             for fd in (stdin_w, out_r, err_r, st_r):
                 os.close(fd)
             if isinstance(exc, OSError):
-                raise self.lost(f"stopped answering: {exc.strerror or exc}") from exc
+                raise await self.broken(f"no helper took a command ({exc.strerror or exc})") \
+                    from exc
             raise
         finally:
             for fd in (stdin_r, out_w, err_w, st_w):
@@ -327,18 +349,32 @@ class LocalSandbox(Sandbox):
         )
 
     async def _kill(self, ex: Execution) -> None:
-        """Kill the command's whole tree; if the agent does not manage, the sandbox goes.
+        """Kill the command's whole tree, in about a second whatever the sandbox does.
 
-        The agent gets ``timeouts.reset_s`` to confirm: on a host short of CPU a
-        sandbox's helper may wait seconds for a turn, and a sandbox that is merely slow
-        is not lost. Only a helper kept stopped by its own command runs out the time."""
-        if self._tell({"op": "kill", "id": ex.request_id}):
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(asyncio.shield(ex.ended), self.spec.timeouts.reset_s)
-            if ex.status.killed or ex.status.exit_code is not None:
-                return
-        if self._current is not None:  # could not kill the tree: drop the whole sandbox
-            await self._current.stop()
+        Its helper kills the tree and confirms. One that has not within KILL_CONFIRM_S
+        (its own command keeps it stopped, or the host is short of CPU) is killed by
+        the agent, which no process of the sandbox can stop or signal, and the tree with
+        it (the agent kills what a killed helper leaves behind). If the agent has not
+        managed that within KILL_CONFIRM_S either, the caller goes on, and the generation
+        is stopped unless the helper's end comes within ``timeouts.reset_s`` (a sandbox
+        merely slow to get the CPU is not lost)."""
+        current = self._current
+        agent = current.agent if current is not None else None
+        if agent is None or not agent.alive:
+            return
+        agent.order(ex.request_id, {"op": "kill", "id": ex.request_id})
+        if await _ends_within(ex, KILL_CONFIRM_S) or not agent.slay(ex.request_id):
+            return
+        if await _ends_within(ex, KILL_CONFIRM_S):
+            return
+        assert current is not None
+        task = asyncio.ensure_future(self._stop_unless_ended(ex, current))
+        self._stopping.add(task)
+        task.add_done_callback(self._stopping.discard)
+
+    async def _stop_unless_ended(self, ex: Execution, generation: Generation) -> None:
+        if not await _ends_within(ex, self.spec.timeouts.reset_s):
+            await generation.stop()
 
     async def _exit_code(self, ex: Execution, request: ExecRequest) -> int:
         st = ex.status
@@ -360,13 +396,10 @@ class LocalSandbox(Sandbox):
         if current is not None:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(asyncio.wait(
-                    current.exits, return_when=asyncio.FIRST_COMPLETED), 0.5)
+                    current.exits, return_when=asyncio.FIRST_COMPLETED), AGENT_EXIT_GRACE_S)
         if current is None or not current.alive:
-            raise SandboxLostError(
-                f"sandbox {self.id} died while running {request.argv[-1][:80]!r}; retry on a "
-                "fresh sandbox", sandbox_id=self.id,
-            )
-        return -signal.SIGKILL  # the agent was killed from inside the sandbox
+            raise self.died(f"while running {request.argv[-1][:80]!r}")
+        return -signal.SIGKILL  # its helper was killed from inside the sandbox
 
     async def start(self, request: ExecRequest) -> Process:
         process = LocalProcess(self, request)
@@ -392,6 +425,27 @@ class LocalSandbox(Sandbox):
     def lost(self, why: str) -> SandboxLostError:
         return SandboxLostError(f"sandbox {self.id}: {why}; retry on a fresh sandbox",
                                 sandbox_id=self.id)
+
+    async def broken(self, why: str) -> SandboxError:
+        """The error for a request whose helper went away before it answered.
+
+        If the sandbox died, ``died``'s. If its agent lives on, ``WorkloadError``: only
+        the sandbox's own processes (or its memory limit) kill helpers. A dying agent
+        takes its helpers with it before it is seen to exit, so that is waited for first
+        (as ``_exit_code`` does)."""
+        current = self._current
+        if current is not None and current.alive:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.wait(
+                    current.exits, return_when=asyncio.FIRST_COMPLETED), AGENT_EXIT_GRACE_S)
+        if self._closed:
+            return self.lost("it was closed meanwhile")
+        if current is None or not current.alive or current is not self._current:
+            return self.died(why)
+        return WorkloadError(
+            f"sandbox {self.id}: {why}: its own processes killed the helpers rollbox runs "
+            "requests through (or its memory limit did); this counts as the rollout's "
+            "outcome", sandbox_id=self.id, cause="helpers")
 
     async def read_file(self, path: str) -> bytes:
         return await self.files.read(resolve_path(path, self.spec.workdir))
@@ -432,6 +486,23 @@ class LocalSandbox(Sandbox):
         self._live()
         return await self.ports.endpoint(port)
 
+    # -- the end of the workload ---------------------------------------------------------
+
+    async def seal(self) -> None:
+        """Kill every process of the current generation but its agent (helpers
+        included: fresh ones serve what comes next) and keep its files. A generation
+        whose agent never started ran nothing, so nothing lives in it."""
+        generation = self._live()
+        if generation.agent is None and not generation.booting_agent:
+            return
+        agent = await self._agent(use=False)
+        try:
+            await agent.seal(self.spec.timeouts.reset_s)
+        except (OSError, TimeoutError) as exc:
+            await generation.stop()
+            why = exc.strerror if isinstance(exc, OSError) else "the agent did not answer"
+            raise self.lost(f"its processes could not all be ended ({why})") from exc
+
     # -- snapshots -----------------------------------------------------------------------
 
     async def snapshot(self) -> Snapshot:
@@ -470,7 +541,7 @@ class LocalSandbox(Sandbox):
             agent.send({"op": "freeze" if stop else "thaw"}, [st_w])
         except OSError as exc:
             os.close(st_r)
-            raise self.lost(f"stopped answering: {exc}") from exc
+            raise self.died(f"its agent stopped answering: {exc}") from exc
         finally:
             os.close(st_w)
         status = StatusLine(st_r)
@@ -578,6 +649,14 @@ class LocalProcess(Process):
                 self._ex.drain()
             self._code = await self._sandbox._exit_code(self._ex, self._request)
         return self._code
+
+
+async def _ends_within(ex: Execution, seconds: float) -> bool:
+    """Whether the request ``ex`` ends (its status closes, or says how it ended)
+    within ``seconds``."""
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(asyncio.shield(ex.ended), seconds)
+    return ex.ended.done()
 
 
 def _rlimits(r: Resources, *, memory_by_cgroup: bool) -> list[tuple[int, int, int]]:

@@ -56,6 +56,41 @@ class AgentChannel(ProcessHandle):
             with contextlib.suppress(OSError):  # its command may have stopped it
                 self.send({"op": "cont", "pid": helper})
 
+    def slay(self, rid: int) -> bool:
+        """Have the agent kill the helper serving request ``rid``, and with it the
+        request's tree (a helper its own command keeps stopped cannot kill it itself).
+        False when no helper has it any more."""
+        helper = self.helpers.serving(rid)
+        if helper is None:
+            return False
+        with contextlib.suppress(OSError):
+            self.send({"op": "slay", "pid": helper})
+        return True
+
+    async def seal(self, timeout: float) -> None:
+        """Have the agent kill every process of the sandbox but itself (see
+        ``Agent.seal``), then forget the helpers, which died too.
+
+        Raises OSError with the agent's reason, or TimeoutError."""
+        st_r, st_w = os.pipe2(os.O_CLOEXEC)
+        try:
+            self.send({"op": "seal"}, [st_w])
+        except BaseException:
+            os.close(st_r)
+            raise
+        finally:
+            os.close(st_w)
+        status = StatusLine(st_r)
+        try:
+            async with asyncio.timeout(timeout):
+                outcome = await status.final
+        finally:
+            status.close()
+        self.helpers.forget_all()
+        if outcome is None or outcome.tag != "X":
+            code, _, why = (outcome.rest if outcome else "0 the agent went away").partition(" ")
+            raise OSError(int(code) if code.isdigit() else 0, why)
+
     def _readable(self) -> None:
         try:
             msg, fds = _receive(self.sock)
@@ -212,17 +247,19 @@ class Zygote:
 
     async def boot_agent(
         self, *, holder: int, rlimits: Sequence[tuple[int, int, int]], sandbox_id: str,
-        timeout: float, cgroup_procs: Sequence[str] = (), holder_ready: bool = True,
+        timeout: float, cgroup_procs: Sequence[str] = (), workload_cgroup: Sequence[str] = (),
+        holder_ready: bool = True,
     ) -> AgentChannel:
         """Start the agent in the namespaces ``holder`` keeps (and in the cgroup entered
-        through the ``cgroup_procs`` files: ``CgroupPlan.procs``); wait until it serves.
+        through the ``cgroup_procs`` files: ``CgroupPlan.procs``; its helpers enter the
+        workload's, ``CgroupPlan.workload``); wait until it serves.
 
         ``holder_ready=False``: bwrap may still be setting the sandbox up; the agent's
         first process waits for it (``Instance.start(await_ready=False)``)."""
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         header = json.dumps(
             {"op": "boot", "holder": holder, "rlimits": [list(r) for r in rlimits],
-             "cgroup_procs": list(cgroup_procs),
+             "cgroup_procs": list(cgroup_procs), "workload_cgroup": list(workload_cgroup),
              "await_holder": None if holder_ready else timeout}
         ).encode()
         try:
