@@ -58,9 +58,16 @@ def test_p_correct_extremes() -> None:
 
 @pytest.mark.skipif(shutil.which("git") is None or shutil.which("python3") is None,
                     reason="needs git and python3")
-def test_repository_is_real_git_with_a_failing_test_and_its_fix(tmp_path: Path) -> None:
-    source = SyntheticSource(1, kind="fake", padding_bytes=0)
-    for path, data in source.image_files(source.problems[0]).items():
+@pytest.mark.parametrize("index", range(8))
+def test_the_image_is_real_git_with_a_failing_test_and_no_answer_anywhere(
+        tmp_path: Path, index: int) -> None:
+    """Every object git can reach or not (``--batch-all-objects``), every ref, reflog,
+    stash and pack of the repository, and every file of the image: none holds the fix or
+    the hidden cases. The fix, written by the hidden test's rules, passes them."""
+    source = SyntheticSource(8, kind="fake", padding_bytes=0, seed=3)
+    problem = source.problems[index]
+    files = source.image_files(problem)
+    for path, data in files.items():
         dest = tmp_path / path.lstrip("/")
         dest.parent.mkdir(parents=True, exist_ok=True)
         dest.write_bytes(data)
@@ -71,10 +78,24 @@ def test_repository_is_real_git_with_a_failing_test_and_its_fix(tmp_path: Path) 
 
     assert run("git", "fsck", "--strict").returncode == 0
     assert run("git", "status", "--porcelain").stdout == ""
+    assert run("git", "for-each-ref", "--format=%(refname)").stdout.split() == ["refs/heads/main"]
+    assert run("git", "stash", "list").stdout == "" and not (repo / ".git/logs").exists()
+    assert not (repo / ".git/packed-refs").exists()
+    assert not list((repo / ".git").rglob("*.pack"))
+    objects = subprocess.run(["git", "cat-file", "--batch-all-objects", "--batch"], cwd=repo,
+                             capture_output=True, timeout=30, check=True).stdout
+    assert objects.count(b" blob ") == 4 and problem.buggy in objects
+    secrets = [problem.fixed, *(f"{x}, {want}".encode() for x, want in problem.hidden_cases)]
+    for secret in secrets:
+        assert secret not in objects
+        assert not any(secret in data for data in files.values())
     assert run("python3", "-B", "test_solution.py").returncode == 1
-    assert "solution.py" in run("git", "diff", "--stat", "main", "fix").stdout
-    assert run("git", "-c", "advice.detachedHead=false", "checkout", "-q", "fix").returncode == 0
-    assert run("python3", "-B", "test_solution.py").returncode == 0
+    (repo / "solution.py").write_bytes(problem.fixed)
+    for name, data in problem.judge_files().items():
+        (repo / name).write_bytes(data)
+    assert run("python3", "-B", "test_hidden.py").returncode == 0
+    (repo / "solution.py").write_bytes(problem.wrong)
+    assert run("python3", "-B", "test_hidden.py").returncode == 1
 
 
 def test_local_layouts_are_written(tmp_path: Path) -> None:

@@ -1,16 +1,23 @@
 """The built-in synthetic SWE-style task source (``synthetic``).
 
 Task ``i`` is an image holding a small git repository at ``/repo``: ``solution.py`` with
-a bug, ``test_solution.py`` that fails on it (cases in ``cases.json``), the fix committed
-on branch ``fix``, plus ``padding_bytes`` of seeded random bytes outside the repository
-so that hydrating the image costs something real. Images are OCI image layouts, based on
-the host's root filesystem (for ``python3``), written by ``rollbox_local.oci_build``; the
+a bug and ``test_solution.py`` that fails on it (its cases in ``cases.json``), one commit
+on ``main``, plus ``padding_bytes`` of seeded random bytes outside the repository so that
+hydrating the image costs something real. Images are OCI image layouts, based on the
+host's root filesystem (for ``python3``), written by ``rollbox_local.oci_build``; the
 image reference is the layout's path.
 
+**The image does not hold its answer.** No fixed ``solution.py`` is anywhere in it (no
+branch, ref, stash or object: ``tests/bench/test_synthetic.py`` walks every object), and
+the cases that decide the reward are hidden: the task's ``judge_files`` bring
+``test_hidden.py`` (other inputs than ``cases.json``) from the host for the final
+verdict, which runs on the image with only ``solution.py`` carried over (``answer``), so
+nothing else the rollout wrote (an interpreter in ``/usr/bin``, say) takes part.
+
 The scripted policy of each task reads ``README.md`` (its first command, the one TTFC
-times), runs the tests (they fail), applies a candidate patch
-(the right one with probability ``p_correct``, seeded per task and rollout), runs the
-tests again; reward = 1.0 if they pass. Between two actions it "thinks" for a seeded
+times), runs the tests (they fail) and applies a candidate patch (the right one with
+probability ``p_correct``, seeded per task and rollout); the runner's verdict then runs
+the hidden tests: reward 1.0 if they pass. Between two actions it "thinks" for a seeded
 time around ``think_s`` (see ``ThinkTime``), standing in for the policy model's
 inference, during which the sandbox is idle. Everything is deterministic for a seed.
 
@@ -27,6 +34,7 @@ import json
 import math
 import random
 import shlex
+import shutil
 import struct
 import zlib
 from collections.abc import Iterator, Mapping
@@ -44,6 +52,8 @@ from rollbox.testing.fake import FakeBackend, FakeSandbox, builtin_handler
 
 REPO = "/repo"
 TEST_COMMAND = "python3 -B test_solution.py"
+HIDDEN_TEST = "test_hidden.py"
+VERDICT_COMMAND = f"python3 -B {HIDDEN_TEST}"
 PROMPT = (
     "Task {id}. The git repository in {workdir} has a bug: its tests fail. Run them with "
     f"`{TEST_COMMAND}`, fix solution.py so that they pass, then run `submit`."
@@ -67,6 +77,18 @@ sys.exit(1 if bad else 0)
 """
 
 
+_HIDDEN_SOURCE = """\
+import sys
+
+from solution import solve
+
+CASES = {cases!r}
+bad = [(x, want) for x, want in CASES if solve(x) != want]
+print(f"{{len(CASES) - len(bad)}}/{{len(CASES)}} hidden cases passed")
+sys.exit(1 if bad else 0)
+"""
+
+
 def _solution(a: int, b: int) -> bytes:
     return f"def solve(x):\n    return x * {a} + {b}\n".encode()
 
@@ -82,14 +104,23 @@ class Problem:
     fixed: bytes
     wrong: bytes
     cases: tuple[tuple[int, int], ...]
+    hidden_cases: tuple[tuple[int, int], ...] = ()
+    """What decides the reward: inputs ``cases`` does not show, never in the image."""
 
     @classmethod
     def make(cls, seed: int, index: int) -> Problem:
         rng = random.Random(f"rollbox-synthetic:{seed}:{index}")
         a, b = rng.randint(2, 97), rng.randint(1, 997)
-        cases = tuple((x, a * x + b) for x in rng.sample(range(-50, 50), 4))
+        xs = rng.sample(range(-50, 50), 4)
+        hidden = rng.sample(sorted(set(range(-500, 500)) - set(xs)), 4)
         return cls(index, a, b, buggy=_solution(a, b + 1), fixed=_solution(a, b),
-                   wrong=_solution(a, -b), cases=cases)
+                   wrong=_solution(a, -b), cases=tuple((x, a * x + b) for x in xs),
+                   hidden_cases=tuple((x, a * x + b) for x in hidden))
+
+    def judge_files(self) -> dict[str, bytes]:
+        """What the final verdict brings into the repository (never in the image)."""
+        cases = [list(case) for case in self.hidden_cases]
+        return {HIDDEN_TEST: _HIDDEN_SOURCE.format(cases=cases).encode()}
 
     def repo_files(self) -> dict[str, bytes]:
         """Working-tree files of ``/repo`` (relative paths), as on branch ``main``."""
@@ -166,7 +197,8 @@ class SyntheticSource:
             yield Task(
                 id=task_id, spec=spec, prompt=PROMPT.format(id=task_id, workdir=REPO),
                 policy=ScriptedPolicy(problem, self.p_correct, self.seed, self.think),
-                verifier=run_tests, meta={"source": self.name},
+                verifier=run_hidden_tests, meta={"source": self.name},
+                judge_files=problem.judge_files(), answer=("solution.py",),
             )
 
     # -- image content -----------------------------------------------------------------
@@ -175,8 +207,7 @@ class SyntheticSource:
         """Every file of the image (absolute paths), git metadata and padding included."""
         repo = problem.repo_files()
         files = {f"{REPO}/{k}": v for k, v in repo.items()}
-        files.update({f"{REPO}/{k}": v for k, v in git_repository(
-            repo, fix={"solution.py": problem.fixed}).items()})
+        files.update({f"{REPO}/{k}": v for k, v in git_repository(repo).items()})
         if self.padding_bytes:
             files[PADDING_PATH] = self._padding_of(problem)
         return files
@@ -206,7 +237,9 @@ class SyntheticSource:
         for problem in self.problems:
             dest = Path(self.image_ref(problem))
             marker = dest / ".rollbox-complete"
-            if not marker.exists():
+            if not _is_file_with(marker, _fingerprint(self) + "\n"):
+                if dest.exists():  # half-written, or an older corpus's: never reused
+                    shutil.rmtree(dest)
                 write_oci_layout(dest, self.image_files(problem), base_host=True,
                                  env={"PYTHONDONTWRITEBYTECODE": "1"}, workdir=REPO)
                 marker.write_text(_fingerprint(self) + "\n")
@@ -222,7 +255,10 @@ class SyntheticSource:
 
         async def handler(sandbox: FakeSandbox, request: ExecRequest) -> ExecResult:
             problem = by_image.get(sandbox.spec.image)
-            if problem is None or _shell(request) != TEST_COMMAND:
+            command = _shell(request)
+            hidden = sandbox.files.get(f"{REPO}/{HIDDEN_TEST}")
+            if problem is None or command not in (TEST_COMMAND, VERDICT_COMMAND) or (
+                    command == VERDICT_COMMAND and hidden != problem.judge_files()[HIDDEN_TEST]):
                 return await builtin_handler(sandbox, request)
             solution = sandbox.files.get(f"{REPO}/solution.py", b"")
             ok = problem.passes(solution)
@@ -261,8 +297,20 @@ def fake_backend(n_images: int = DEFAULT_IMAGES, seed: int = 0, **options: Any) 
         **options)
 
 
+CORPUS_VERSION = 2
+"""Bumped when what an image holds changes (2: no answer in it), so that images built
+by an older rollbox are rebuilt rather than reused."""
+
+
 def _fingerprint(source: SyntheticSource) -> str:
-    return f"seed={source.seed} padding={source.padding_bytes}"
+    return f"version={CORPUS_VERSION} seed={source.seed} padding={source.padding_bytes}"
+
+
+def _is_file_with(path: Path, text: str) -> bool:
+    try:
+        return path.read_text() == text
+    except OSError:
+        return False
 
 
 def _shell(request: ExecRequest) -> str:
@@ -272,9 +320,10 @@ def _shell(request: ExecRequest) -> str:
     return shlex.join(argv)
 
 
-async def run_tests(sandbox: Sandbox, task: Task) -> float:
-    """The verifier: 1.0 if the repository's tests pass, else 0.0."""
-    return 1.0 if (await sandbox.exec(TEST_COMMAND, cwd=REPO)).ok else 0.0
+async def run_hidden_tests(sandbox: Sandbox, task: Task) -> float:
+    """The verifier: 1.0 if the hidden tests pass (the final verdict brings them:
+    ``Task.judge_files``), else 0.0."""
+    return 1.0 if (await sandbox.exec(VERDICT_COMMAND, cwd=REPO)).ok else 0.0
 
 
 class ThinkTime:
@@ -310,8 +359,9 @@ class ThinkTime:
 
 
 class ScriptedPolicy:
-    """Run the tests, apply a candidate patch (right with probability p), run them again,
-    thinking (``ThinkTime``) before every action but the first."""
+    """Run the tests, apply a candidate patch (right with probability p), thinking
+    (``ThinkTime``) before every action but the first. The reward is not its to say:
+    the runner takes the task's verdict (the hidden tests) once it returns."""
 
     def __init__(self, problem: Problem, p_correct: float, seed: int,
                  think: ThinkTime | None = None) -> None:
@@ -336,9 +386,8 @@ class ScriptedPolicy:
         patch = self.problem.fixed if right else self.problem.wrong
         await think(n, index, 2)
         await sandbox.write_file(f"{REPO}/solution.py", patch)
-        await think(n, index, 3)
-        reward = await run_tests(sandbox, task)
-        return RolloutOutput(reward=reward, info={
+        await think(n, index, 3)  # the model's last turn: it decides to submit
+        return RolloutOutput(reward=1.0 if right else 0.0, info={
             "read_task": statement.ok, "failing_before": not before.ok,
             "patch": "right" if right else "wrong",
         })
@@ -350,9 +399,9 @@ _EPOCH = "1700000000 +0000"
 _AUTHOR = "rollbox <synthetic@rollbox.invalid>"
 
 
-def git_repository(files: Mapping[str, bytes], *, fix: Mapping[str, bytes]) -> dict[str, bytes]:
-    """A ``.git`` directory (relative paths) with ``main`` = ``files`` and ``fix`` = main
-    with ``fix`` applied on top, plus an index matching ``main``'s tree. Deterministic."""
+def git_repository(files: Mapping[str, bytes]) -> dict[str, bytes]:
+    """A ``.git`` directory (relative paths) with one commit, ``main`` = ``files``, and an
+    index matching its tree; its only objects are that commit's. Deterministic."""
     objects: dict[str, bytes] = {}
 
     def put(kind: str, body: bytes) -> bytes:
@@ -376,14 +425,11 @@ def git_repository(files: Mapping[str, bytes], *, fix: Mapping[str, bytes]) -> d
 
     main_tree, blobs = tree(files)
     main = commit(main_tree, None, "Add solve() and its tests (the tests fail)")
-    fix_tree, _ = tree({**files, **fix})
-    fixed = commit(fix_tree, main, "Fix solve()")
     out = dict(objects)
     out[".git/HEAD"] = b"ref: refs/heads/main\n"
     out[".git/config"] = (b"[core]\n\trepositoryformatversion = 0\n\tfilemode = true\n"
                           b"\tbare = false\n")
     out[".git/refs/heads/main"] = main.hex().encode() + b"\n"
-    out[".git/refs/heads/fix"] = fixed.hex().encode() + b"\n"
     out[".git/index"] = _git_index({n: (blobs[n], len(files[n])) for n in files})
     return out
 
