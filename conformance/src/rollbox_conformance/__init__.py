@@ -19,6 +19,7 @@ from rollbox_conformance.concurrency import ConcurrencyTests
 from rollbox_conformance.execution import ExecTests
 from rollbox_conformance.failure import FailureTests
 from rollbox_conformance.files import FileTests
+from rollbox_conformance.integrity import IntegrityTests
 from rollbox_conformance.isolation import IsolationTests
 from rollbox_conformance.lifecycle import LifecycleTests
 from rollbox_conformance.limits import LimitsTests
@@ -33,6 +34,7 @@ __all__ = [
     "ExecTests",
     "FailureTests",
     "FileTests",
+    "IntegrityTests",
     "IsolationTests",
     "LifecycleTests",
     "LimitsTests",

@@ -72,6 +72,13 @@ class LimitsTests(BackendTestBase):
         """``spec`` with some resources changed."""
         return self.spec.replace(resources=dataclasses.replace(self.spec.resources, **resources))
 
+    def memory_limited(self, backend: Backend, memory_mb: int) -> SandboxSpec:
+        """``spec`` under ``memory_mb``, with a small ``disk_mb`` where the backend limits
+        disk: a backend whose writable layer lives in memory may add its ``disk_mb`` to
+        the memory limit (so that a full layer is ENOSPC, not an out-of-memory kill)."""
+        small_disk = {"disk_mb": 16} if backend.capabilities.disk_limit else {}
+        return self.limited(memory_mb=memory_mb, **small_disk)
+
     @pytest.fixture
     def limits_backend(self, backend: Backend) -> Backend:
         self.require(backend, "shell")
@@ -92,7 +99,8 @@ class LimitsTests(BackendTestBase):
 
     async def test_memory_bomb_is_contained(self, limits_backend: Backend) -> None:
         self.require(limits_backend, "memory_limit")
-        async with await limits_backend.create(self.limited(memory_mb=128)) as sandbox:
+        spec = self.memory_limited(limits_backend, 128)
+        async with await limits_backend.create(spec) as sandbox:
             # tail keeps a newline-free stream whole: 600 MB of memory under a 128 MB limit
             result = await self.sh(sandbox, "head -c 600M /dev/zero | tail -n 1 >/dev/null",
                                    timeout=60)
@@ -133,7 +141,8 @@ class LimitsTests(BackendTestBase):
         memory_mb=256: they do not all get it."""
         self.require(limits_backend, "memory_limit")
         script = HOLD_TOGETHER
-        async with await limits_backend.create(self.limited(memory_mb=256)) as sandbox:
+        spec = self.memory_limited(limits_backend, 256)
+        async with await limits_backend.create(spec) as sandbox:
             try:
                 result = await self.sh(sandbox, script, timeout=60)
             except SandboxLostError:
@@ -148,7 +157,8 @@ class LimitsTests(BackendTestBase):
                   f"head -c 268435456 /dev/zero > {path}; rc=$?\n"
                   f"size=$(stat -c %s {path} 2>/dev/null || echo 0); rm -f {path}\n"
                   "echo $rc $size")
-        async with await limits_backend.create(self.limited(memory_mb=128)) as sandbox:
+        spec = self.memory_limited(limits_backend, 128)
+        async with await limits_backend.create(spec) as sandbox:
             try:
                 result = await self.sh(sandbox, script, timeout=60)
             except SandboxLostError:
@@ -160,7 +170,8 @@ class LimitsTests(BackendTestBase):
 
     async def test_memory_in_a_memfd_is_counted(self, limits_backend: Backend) -> None:
         self.require(limits_backend, "memory_limit")
-        async with await limits_backend.create(self.limited(memory_mb=128)) as sandbox:
+        spec = self.memory_limited(limits_backend, 128)
+        async with await limits_backend.create(spec) as sandbox:
             try:
                 result = await self.sh(sandbox, PYTHON_RUNNER, timeout=60,
                                        stdin=(PYTHON_PRELUDE + MEMFD_FILL).encode())
