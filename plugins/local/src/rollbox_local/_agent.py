@@ -607,7 +607,7 @@ def _become_agent(req: dict[str, Any], channel: int, work: list[int]) -> None:
     os.chdir("/")
     _close_all_but(channel, *work)
     os.set_inheritable(channel, False)
-    Agent(socket.socket(fileno=channel), work).serve()
+    Agent(socket.socket(fileno=channel), work, isolate=req.get("isolate", True)).serve()
     os._exit(0)
 
 
@@ -667,9 +667,11 @@ class Agent:
     continues a helper that its own command stopped; reaps, and kills the strays a
     helper killed from inside leaves behind; freezes the sandbox for a snapshot."""
 
-    def __init__(self, sock: socket.socket, work: list[int] | None = None) -> None:
+    def __init__(self, sock: socket.socket, work: list[int] | None = None, *,
+                 isolate: bool = True) -> None:
         self.sock = sock
         self.work = work or []  # the workload's cgroup: helpers enter it (see _enter)
+        self.isolate = isolate  # each helper in a Landlock domain of its own
         self.helpers: set[int] = set()
         self.purge = False  # a helper died from a signal: kill the strays it left
         self.poller = select.poll()
@@ -720,7 +722,8 @@ class Agent:
                 except OSError:
                     pass  # the limit still holds for the group above
             _close_all_but(theirs.fileno())
-            _enter_landlock_domain()
+            if self.isolate:
+                _enter_landlock_domain()
             Helper(theirs).serve()
             os._exit(0)
         theirs.close()

@@ -81,12 +81,15 @@ class LocalBackend(Backend):
         images: ImageStore | None = None,
         scratch: str | Path | None = None,
         cgroups: bool | None = None,
+        exec_isolation: bool = True,
     ) -> None:
         """``scratch``: where sandboxes' writable layers go, ``auto`` (memory if possible),
         ``memory``, ``disk`` or a path; default ``$ROLLBOX_SCRATCH`` or auto (see
         ``rollbox_local.scratch``). ``cgroups``: None (default) uses them where this
         machine allows, False never, True requires them (``ROLLBOX_CGROUPS=auto|on|off``
-        when not given)."""
+        when not given). ``exec_isolation=False``: commands are not kept apart by
+        Landlock domains (a later command may read an earlier one's ``/proc/PID/environ``,
+        as in a container; the Kubernetes test cluster's pods need that)."""
         self.state_dir = Path(state_dir) if state_dir is not None else default_home()
         self.ids = sandbox_ids()
         try:
@@ -102,7 +105,8 @@ class LocalBackend(Backend):
         self.capabilities = dataclasses.replace(
             LocalBackend.capabilities, memory_limit=self.cgroups is not None,
             cpu_limit=self.cgroups is not None, disk_limit=self.scratch.tmpfs_layers,
-            inode_limit=self.scratch.tmpfs_layers, exec_isolation=landlock_abi() > 0)
+            inode_limit=self.scratch.tmpfs_layers,
+            exec_isolation=exec_isolation and landlock_abi() > 0)
         if self.ids is not None:
             self._check_reachable(given=state_dir is not None)
         capacity = image_capacity_bytes or capacity_from_env()  # UsageError if malformed

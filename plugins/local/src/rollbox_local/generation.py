@@ -82,8 +82,8 @@ class Generation:
             self._agent_boot = asyncio.ensure_future(sandbox.backend.zygote.boot_agent(
                 holder=self.instance.holder, rlimits=sandbox.rlimits, sandbox_id=sandbox.id,
                 timeout=sandbox.spec.timeouts.create_s, cgroup_procs=self.cgroup_procs,
-                workload_cgroup=self.workload_cgroup,
-                holder_ready=holder_ready,
+                workload_cgroup=self.workload_cgroup, holder_ready=holder_ready,
+                isolate=sandbox.backend.capabilities.exec_isolation,
             ))
         return self._attach(await asyncio.shield(self._agent_boot))
 

@@ -248,19 +248,20 @@ class Zygote:
     async def boot_agent(
         self, *, holder: int, rlimits: Sequence[tuple[int, int, int]], sandbox_id: str,
         timeout: float, cgroup_procs: Sequence[str] = (), workload_cgroup: Sequence[str] = (),
-        holder_ready: bool = True,
+        holder_ready: bool = True, isolate: bool = True,
     ) -> AgentChannel:
         """Start the agent in the namespaces ``holder`` keeps (and in the cgroup entered
         through the ``cgroup_procs`` files: ``CgroupPlan.procs``; its helpers enter the
         workload's, ``CgroupPlan.workload``); wait until it serves.
 
         ``holder_ready=False``: bwrap may still be setting the sandbox up; the agent's
-        first process waits for it (``Instance.start(await_ready=False)``)."""
+        first process waits for it (``Instance.start(await_ready=False)``). ``isolate``:
+        each helper enters a Landlock domain of its own (``LocalBackend.exec_isolation``)."""
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         header = json.dumps(
             {"op": "boot", "holder": holder, "rlimits": [list(r) for r in rlimits],
              "cgroup_procs": list(cgroup_procs), "workload_cgroup": list(workload_cgroup),
-             "await_holder": None if holder_ready else timeout}
+             "await_holder": None if holder_ready else timeout, "isolate": isolate}
         ).encode()
         try:
             self._send(header, [theirs.fileno()])
