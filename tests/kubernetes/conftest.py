@@ -15,8 +15,7 @@ from pathlib import Path
 import pytest
 from rollbox.spec import SandboxSpec, Timeouts
 from rollbox_kubernetes import KubernetesBackend
-from rollbox_kubernetes.testing import ApiServerEmulator
-from rollbox_local import LocalBackend
+from rollbox_kubernetes.testing import ApiServerEmulator, container_runtime
 from rollbox_local.oci_build import write_oci_layout
 
 GIT = ["git", "-c", "user.email=t@t", "-c", "user.name=t"]
@@ -67,7 +66,7 @@ def local_state() -> Iterator[Path]:
 
 @pytest.fixture
 async def emulator(local_state: Path) -> AsyncIterator[ApiServerEmulator]:
-    backing = LocalBackend(state_dir=local_state)
+    backing = container_runtime(local_state)
     async with ApiServerEmulator(backing, node_labels={"pool": "sandbox"}) as emu:
         yield emu
 

@@ -17,9 +17,8 @@ import pytest_asyncio
 from rollbox import Backend, SandboxSpec
 from rollbox_conformance import BackendTests
 from rollbox_kubernetes import KubernetesBackend
-from rollbox_kubernetes.testing import ApiServerEmulator
+from rollbox_kubernetes.testing import ApiServerEmulator, container_runtime
 from rollbox_kubernetes.testing.conformance import KnownHoles, KubernetesHooks
-from rollbox_local import LocalBackend
 
 
 class TestKubernetesConformance(KnownHoles, KubernetesHooks, BackendTests):
@@ -30,7 +29,7 @@ class TestKubernetesConformance(KnownHoles, KubernetesHooks, BackendTests):
         self, local_state: Path
     ) -> AsyncIterator[Backend]:
         run_id = f"conf-{uuid.uuid4().hex[:8]}"
-        async with ApiServerEmulator(LocalBackend(state_dir=local_state)) as emulator:
+        async with ApiServerEmulator(container_runtime(local_state)) as emulator:
             # A loopback API server: no need for a real cluster's pacing, and pod
             # status is current at once, so a slow claim's pod is read sooner.
             backend = KubernetesBackend(host=emulator.url, run_id=run_id, qps=500,
@@ -50,7 +49,7 @@ class TestKubernetesConformanceHttp(TestKubernetesConformance):
     async def backend(  # type: ignore[override]  # a fixture: extra fixtures are fine
         self, local_state: Path
     ) -> AsyncIterator[Backend]:
-        backing = LocalBackend(state_dir=local_state)
+        backing = container_runtime(local_state)
         async with ApiServerEmulator(backing, http_runtime=True) as emulator:
             backend = KubernetesBackend(host=emulator.url, run_id=f"conf-{uuid.uuid4().hex[:8]}",
                                         warm_replicas=1, qps=500, burst=500,

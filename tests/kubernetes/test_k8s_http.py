@@ -24,9 +24,8 @@ from rollbox_kubernetes import KubernetesBackend, render
 from rollbox_kubernetes.podexec import ExecOutput
 from rollbox_kubernetes.runtime_http import RuntimeHttp
 from rollbox_kubernetes.sandbox import KubeSandbox
-from rollbox_kubernetes.testing import ApiServerEmulator
+from rollbox_kubernetes.testing import ApiServerEmulator, container_runtime
 from rollbox_kubernetes.testing.runtime import SandboxRouter
-from rollbox_local import LocalBackend
 
 BackendFactory = Callable[..., KubernetesBackend]
 
@@ -34,7 +33,7 @@ BackendFactory = Callable[..., KubernetesBackend]
 @pytest.fixture
 async def served(local_state: Path) -> AsyncIterator[ApiServerEmulator]:
     """An emulator whose pods also serve the runtime (base directory /app)."""
-    async with ApiServerEmulator(LocalBackend(state_dir=local_state),
+    async with ApiServerEmulator(container_runtime(local_state),
                                  http_runtime=True) as emu:
         yield emu
 
@@ -228,7 +227,7 @@ async def _limited_runtime(
         local_state: Path) -> AsyncIterator[tuple[KubernetesBackend, KubernetesBackend]]:
     """An emulator whose pods' runtime kills every command at once, and two backends on
     it: ``transport="auto"`` and ``"http"``."""
-    async with ApiServerEmulator(LocalBackend(state_dir=local_state), http_runtime=True,
+    async with ApiServerEmulator(container_runtime(local_state), http_runtime=True,
                                  runtime_exec_timeout_s=0) as emu:
         auto = KubernetesBackend(host=emu.url, run_id="auto", warm_replicas=0)
         strict = KubernetesBackend(host=emu.url, run_id="strict", warm_replicas=0,

@@ -13,14 +13,13 @@ import pytest
 from rollbox.errors import SandboxLostError, UsageError
 from rollbox.spec import SandboxSpec
 from rollbox_kubernetes.runtime_http import DEFAULT_PORT
-from rollbox_kubernetes.testing import ApiServerEmulator
+from rollbox_kubernetes.testing import ApiServerEmulator, container_runtime
 from rollbox_kubernetes.testing.runtime import SandboxRouter
-from rollbox_local import LocalBackend
 
 
 @pytest.fixture
 async def served(local_state: Path) -> AsyncIterator[ApiServerEmulator]:
-    async with ApiServerEmulator(LocalBackend(state_dir=local_state),
+    async with ApiServerEmulator(container_runtime(local_state),
                                  http_runtime=True) as emu:
         yield emu
 

@@ -23,8 +23,7 @@ from rollbox_kubernetes.podexec import V4
 from rollbox_kubernetes.podprocess import HIGH_WATER, PodProcess
 from rollbox_kubernetes.resources import PODS
 from rollbox_kubernetes.sandbox import KubeSandbox
-from rollbox_kubernetes.testing import ApiServerEmulator
-from rollbox_local import LocalBackend
+from rollbox_kubernetes.testing import ApiServerEmulator, container_runtime
 
 BackendFactory = Callable[..., KubernetesBackend]
 MiB = 1024 * 1024
@@ -247,7 +246,7 @@ async def test_v4_server_streams_but_cannot_close_stdin(local_state: Path,
                                                         spec: SandboxSpec) -> None:
     """Before Kubernetes 1.30 (v4.channel.k8s.io only) there is no stdin EOF:
     close_stdin says so; writing, reading and signals still work."""
-    async with ApiServerEmulator(LocalBackend(state_dir=local_state),
+    async with ApiServerEmulator(container_runtime(local_state),
                                  exec_protocols=(V4,)) as emulator:
         backend = KubernetesBackend(host=emulator.url, run_id="v4", warm_replicas=1)
         try:

@@ -92,7 +92,7 @@ class KubernetesBackend(Backend):
     capabilities = Capabilities(
         reset_in_place=True, network_none=True, network_host=True, memory_limit=True,
         cpu_limit=True, disk_limit=True,  # pod limits: cpu, memory, ephemeral-storage
-        reset_command=True, isolation=True, streaming=True, signals=True,
+        reset_command=True, isolation=True, streaming=True, signals=True, seal=True,
         signal_exit_codes=False,  # pod exec reports death by signal N as 128+N, like exit
     )
 

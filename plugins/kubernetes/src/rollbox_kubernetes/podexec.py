@@ -24,6 +24,11 @@ from rollbox_kubernetes.client import ApiError, KubeClient
 V5 = "v5.channel.k8s.io"
 V4 = "v4.channel.k8s.io"
 PROTOCOLS = (V5, V4)
+DEADLINE_GRACE_S = 5.0
+"""How long past its timeout a command's exec may take to end (the ``timeout`` wrapper
+in the pod kills it at the timeout; this is for the API server and kubelet to say so)
+before rollbox stops waiting, host-side, and raises: whatever the pod's processes do
+(stop the wrapper, say), a call returns within its timeout and this."""
 STDIN, STDOUT, STDERR, STATUS, CLOSE = 0, 1, 2, 3, 255
 _CHUNK = 256 * 1024
 

@@ -49,6 +49,7 @@ from rollbox.sandbox import ExecRequest, OutputChunk, Process
 from rollbox_kubernetes.client import ApiError
 from rollbox_kubernetes.podexec import (
     CLOSE,
+    DEADLINE_GRACE_S,
     STATUS,
     STDERR,
     STDIN,
@@ -64,7 +65,6 @@ if TYPE_CHECKING:
 
 HIGH_WATER = 1024 * 1024
 KILLED = 128 + signal.SIGKILL
-_GRACE_S = 10.0
 _HANDSHAKE_S = 60.0
 _FRAME = 256 * 1024
 _HEAD = 512
@@ -153,7 +153,7 @@ class PodProcess(Process):
 
     async def _receive(self) -> dict[str, Any] | None:
         """Read frames until the exit status; None if the stream ended without one."""
-        async with asyncio.timeout(self._request.timeout_s + _GRACE_S) as self._watchdog:
+        async with asyncio.timeout(self._request.timeout_s + DEADLINE_GRACE_S) as self._watchdog:
             async for msg in self._ws:
                 if msg.type != aiohttp.WSMsgType.BINARY or not msg.data:
                     continue
@@ -193,7 +193,7 @@ class PodProcess(Process):
                 await self._room.wait()
             if deadline is not None:
                 now = asyncio.get_running_loop().time()
-                self._watchdog_pause(max(deadline, now + _GRACE_S))
+                self._watchdog_pause(max(deadline, now + DEADLINE_GRACE_S))
 
     async def _outcome(self, status: dict[str, Any] | None, overran: bool) -> int:
         """The exit code, or the error ``run`` would raise for the same ending."""

@@ -42,39 +42,44 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
 import aiohttp
-from rollbox.errors import ExecTimeoutError, SandboxError, SandboxLostError
+from rollbox.errors import ExecTimeoutError, SandboxError, SandboxLostError, WorkloadError
 
-from rollbox_kubernetes.podexec import ExecOutput
+from rollbox_kubernetes.podexec import DEADLINE_GRACE_S, ExecOutput
 
 if TYPE_CHECKING:
     from rollbox_kubernetes.sandbox import KubeSandbox
 
 DEFAULT_PORT = 8888
-GRACE_S = 10.0
 RUNTIME_FAILED = "Failed to execute command: "
 # $1 the cap in bytes, $2 the directory to run in (the container's workingDir, where pod
 # exec starts; the runtime starts in its base directory), $3 a fresh token naming the
-# wrapper's files in $TMPDIR or /tmp; the rest is the command. Prints base64(stdout), a
-# "-" line, base64(stderr), a "-" line and the exit status ("-" is not in base64's
-# alphabet). Each stream goes through a fifo to a reader that keeps the first $1 bytes
-# and drains the rest, so the command never blocks or gets SIGPIPE. The subshell keeps
-# the shell's "Killed" note (dash writes it to the fd 2 in force while it waits) out of
-# the command's stderr. Few processes: each costs a fork and exec per command.
+# wrapper's two fifos in $TMPDIR or /tmp; the rest is the command. Each stream goes
+# through a fifo to a reader that base64s the first $1 bytes straight into the runtime's
+# own stdout (the command's stdout) or stderr (its stderr) and drains the rest, so the
+# command never blocks or gets SIGPIPE, and its output never touches the sandbox's disk
+# (a full disk cannot lose it). Then stdout gets a "-" line and the exit status ("-" is
+# not in base64's alphabet). A sandbox that cannot take even the fifos (no inode left)
+# exits CAPTURE_FAILED. dash writes its "Killed" note for a killed command to the fd 2
+# in force while it waits: the subshell keeps it out of the command's stderr, and the
+# wrapper's own fd 2 goes to /dev/null once the fifos are made, which keeps it out of the
+# runtime's. Few processes: each costs a fork and exec per command.
+CAPTURE_FAILED = 124
 _WRAP = """n=$1 p=${TMPDIR:-/tmp}/.rollbox-out-$3
 cd -- "$2" || exit 125
 shift 3
-mkfifo -m 600 "$p.o" "$p.e" || exit 125
-trap 'rm -f "$p.o" "$p.e" "$p.O" "$p.E"' EXIT
-{ head -c "$n" > "$p.O"; cat > /dev/null; } < "$p.o" &
-{ head -c "$n" > "$p.E"; cat > /dev/null; } < "$p.e" &
-( exec "$@" < /dev/null > "$p.o" 2> "$p.e" ) 2> /dev/null
+mkfifo -m 600 "$p.o" "$p.e" || exit 124
+trap 'rm -f "$p.o" "$p.e"' EXIT
+exec 3>&2 2> /dev/null
+{ head -c "$n" | base64; cat > /dev/null; } < "$p.o" &
+{ head -c "$n" | base64 >&3; cat > /dev/null; } < "$p.e" &
+( exec "$@" < /dev/null > "$p.o" 2> "$p.e" 3>&- )
 c=$?
 wait
-if [ -s "$p.O" ]; then base64 "$p.O"; fi; echo -
-if [ -s "$p.E" ]; then base64 "$p.E"; fi; echo -
+echo -
 echo "$c"
 """
-_FRAME = re.compile(r"([A-Za-z0-9+/=\n]*)-\n([A-Za-z0-9+/=\n]*)-\n([0-9]+)\n")
+_FRAME = re.compile(r"([A-Za-z0-9+/=\n]*)-\n([0-9]+)\n")
+_BASE64 = re.compile(r"[A-Za-z0-9+/=\n]*")
 # $1 target, $2 octal mode, $3 the uploaded staging file.
 _PLACE = """mkdir -p -- "$(dirname -- "$1")" || { rm -f -- "$3"; exit 3; }
 cat -- "$3" > "$1" && chmod "$2" "$1"; c=$?
@@ -190,7 +195,7 @@ class RuntimeHttp:
                     probing: bool = False) -> ExecOutput:
         """``probing``: a broken connection is the probe's failure, not a lost sandbox."""
         try:
-            answer = await self._execute(command, timeout_s=timeout_s + GRACE_S)
+            answer = await self._execute(command, timeout_s=timeout_s + DEADLINE_GRACE_S)
         except RuntimeGone as exc:
             if probing:
                 raise
@@ -212,16 +217,21 @@ class RuntimeHttp:
 
     def _unwrap(self, stdout: str, stderr: str, code: int, limit: int) -> ExecOutput:
         framed = _FRAME.fullmatch(stdout)
-        if code != 0 or framed is None:
+        if code == CAPTURE_FAILED and framed is None:
+            raise WorkloadError(
+                f"sandbox {self.sandbox.id} cannot take a command's two fifos: "
+                f"{stderr.strip()[:200]} (its own files filled its disk)",
+                sandbox_id=self.sandbox.id, cause="disk")
+        if code != 0 or framed is None or not _BASE64.fullmatch(stderr):
             return ExecOutput(None, b"", stderr.encode()[:limit], False, False,
                               failure=f"the runtime's command wrapper failed (exit {code}): "
                                       f"{stderr.strip()[:300]}")
         try:
-            out, err = base64.b64decode(framed[1]), base64.b64decode(framed[2])
+            out, err = base64.b64decode(framed[1]), base64.b64decode(stderr)
         except ValueError:
             return ExecOutput(None, b"", b"", False, False,
                               failure="the runtime's command wrapper sent garbled output")
-        return ExecOutput(int(framed[3]), out[:limit], err[:limit], len(out) > limit,
+        return ExecOutput(int(framed[2]), out[:limit], err[:limit], len(out) > limit,
                           len(err) > limit)
 
     def _runtime_failure(self, stderr: str, timeout_s: float) -> ExecOutput:

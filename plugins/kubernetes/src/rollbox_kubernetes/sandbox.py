@@ -36,6 +36,7 @@ from rollbox.errors import (
     SandboxError,
     SandboxFileNotFoundError,
     SandboxLostError,
+    WorkloadError,
 )
 from rollbox.sandbox import (
     Endpoint,
@@ -49,7 +50,7 @@ from rollbox.sandbox import (
 from rollbox.spec import MiB, SandboxSpec
 
 from rollbox_kubernetes.client import ApiError
-from rollbox_kubernetes.podexec import ExecOutput, pod_exec
+from rollbox_kubernetes.podexec import DEADLINE_GRACE_S, ExecOutput, pod_exec
 from rollbox_kubernetes.podprocess import PodProcess, start_process
 from rollbox_kubernetes.render import CONTAINER
 from rollbox_kubernetes.resources import PODS
@@ -60,7 +61,6 @@ if TYPE_CHECKING:
     from rollbox_kubernetes.runtime_http import RuntimeHttp
 
 KILLED = 128 + 9
-_GRACE_S = 10.0
 _WRITE = 'mkdir -p -- "$(dirname -- "$1")" || exit 3; cat > "$1" && chmod "$2" "$1"'
 NO_PARENT = 3
 _APPEND_B64 = 'printf %s "$2" | base64 -d >> "$1"'
@@ -94,23 +94,33 @@ _SWEEP = """for round in 1 2 3 4 5 6 7 8; do
   [ -n "$found" ] || break
 done
 """
-# $1 workdir. Kills every process but init and this script's ancestors, then restores.
-_RESET = f"""base={BASE}
-[ -f "$base/state.tar" ] || {{ echo "reset baseline $base is gone" >&2; exit 3; }}
-keep=" 1 $$ "; p=$$
+# Kills every process but init and this script's ancestors (what seal and reset end).
+_END_WORKLOAD = """keep=" 1 $$ "; p=$$
 while [ "$p" -gt 1 ] 2>/dev/null; do
   p=$(sed -n 's/^PPid:[[:space:]]*//p' "/proc/$p/status" 2>/dev/null); keep="$keep$p "
 done
 for round in 1 2 3 4 5 6 7 8; do
   found=
   for d in /proc/[0-9]*; do
-    pid=${{d#/proc/}}
+    pid=${d#/proc/}
     case "$keep" in *" $pid "*) continue ;; esac
     kill -9 "$pid" 2>/dev/null && found=1
   done
   [ -n "$found" ] || break
 done
-while read -r d; do
+"""
+_SEAL = _END_WORKLOAD + """for d in /proc/[0-9]*; do
+  pid=${d#/proc/}
+  case "$keep" in *" $pid "*) continue ;; esac
+  [ -e "$d/cmdline" ] && [ -n "$(cat "$d/cmdline" 2>/dev/null)" ] && {
+    echo "process $pid would not die" >&2; exit 4; }
+done
+exit 0
+"""
+# $1 workdir. Ends every process but init and this script's ancestors, then restores.
+_RESET = f"""base={BASE}
+[ -f "$base/state.tar" ] || {{ echo "reset baseline $base is gone" >&2; exit 3; }}
+{_END_WORKLOAD}while read -r d; do
   find "/$d" -mindepth 1 -maxdepth 1 ! -path "$base" -exec rm -rf {{}} + || exit 5
 done < "$base/dirs"
 while read -r d; do [ -z "$d" ] || rm -rf "/$d" || exit 5; done < "$base/absent"
@@ -136,6 +146,7 @@ class KubeSandbox(Sandbox):
         self._release: asyncio.Future[None] | None = None
         self.lost = False
         self.processes: set[PodProcess] = set()
+        self._sweeps: set[asyncio.Task[None]] = set()
         # Set by transport.attach when the in-sandbox HTTP runtime answers: commands
         # without stdin, and files, then go there instead of through pod exec.
         self.runtime: RuntimeHttp | None = None
@@ -155,26 +166,50 @@ class KubeSandbox(Sandbox):
             argv = ["env", marker, *argv]
         return ["timeout", "-s", "KILL", f"{request.timeout_s:.3f}", *argv]
 
-    async def _kill_marked(self, marker: str) -> None:
-        """Kill what a timed-out command left running, daemons included."""
-        with contextlib.suppress(SandboxError):
+    async def _kill_marked(self, marker: str, *, wait_s: float = DEADLINE_GRACE_S) -> None:
+        """Kill what a timed-out command left running, daemons included: waits up to
+        ``wait_s`` and leaves the sweep running after that (the workload may keep it
+        stopped; a caller's deadline holds whatever it does)."""
+        sweep = asyncio.ensure_future(self._sweep(marker))
+        self._sweeps.add(sweep)
+        sweep.add_done_callback(self._sweeps.discard)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(asyncio.shield(sweep), wait_s)
+
+    async def _sweep(self, marker: str) -> None:
+        with contextlib.suppress(SandboxError, TimeoutError):
             await self._sh(_SWEEP, marker, timeout_s=30.0)
+
+    async def _overran(self, what: str, timeout_s: float) -> SandboxError:
+        """The error for a command whose exec did not end ``DEADLINE_GRACE_S`` after its
+        timeout: the pod's (lost) if it is gone, else the command's (a timeout: its own
+        processes kept it, or what kills it, from ending)."""
+        await self._check_pod()
+        if self.lost:
+            return SandboxLostError(f"pod {self.pod} of sandbox {self.id} went away during "
+                                    f"{what}", sandbox_id=self.id)
+        return ExecTimeoutError(f"{what} overran {timeout_s}s and its exec did not end",
+                                sandbox_id=self.id, timeout_s=timeout_s)
 
     async def _exec(self, argv: list[str], *, stdin: bytes | None, limit: int,
                     timeout_s: float, raw: bool = False) -> ExecOutput:
+        """Run ``argv`` by the runtime or pod exec. Raises ExecTimeoutError (or
+        SandboxLostError, the pod gone) once ``DEADLINE_GRACE_S`` past ``timeout_s``."""
         if self.closed:
             raise SandboxLostError(f"sandbox {self.id} is closed", sandbox_id=self.id)
         if self.lost:
             raise SandboxLostError(f"pod {self.pod} of sandbox {self.id} is gone",
                                    sandbox_id=self.id)
-        if self.runtime is not None and stdin is None and self.runtime.can_run(timeout_s):
-            return await self.runtime.exec(argv, limit=limit, timeout_s=timeout_s, raw=raw)
         try:
-            async with asyncio.timeout(timeout_s + _GRACE_S):
+            if self.runtime is not None and stdin is None and self.runtime.can_run(timeout_s):
+                return await self.runtime.exec(argv, limit=limit, timeout_s=timeout_s, raw=raw)
+            async with asyncio.timeout(timeout_s + DEADLINE_GRACE_S):
                 return await pod_exec(
                     self.backend.client, self.backend.ws_api, self.backend.options.namespace,
                     self.pod, argv, container=CONTAINER, stdin=stdin, output_limit=limit,
                 )
+        except TimeoutError:
+            raise await self._overran(f"command {shlex.join(argv)[:200]!r}", timeout_s) from None
         except ApiError as err:
             raise self.lost_by(err) from None
 
@@ -193,12 +228,9 @@ class KubeSandbox(Sandbox):
         try:
             out = await self._exec(self.argv_for(request, marker), stdin=request.stdin,
                                    limit=request.output_limit, timeout_s=request.timeout_s)
-        except TimeoutError:
-            await self._kill_marked(marker)
-            raise ExecTimeoutError(
-                f"command {shlex.join(request.argv)!r} overran {request.timeout_s}s and its "
-                "exec stream did not end", sandbox_id=self.id, timeout_s=request.timeout_s,
-            ) from None
+        except ExecTimeoutError:  # its deadline's grace is spent: the sweep goes on behind
+            await self._kill_marked(marker, wait_s=0)
+            raise
         elapsed = loop.time() - started
         if out.exit_code is None:
             if "executable file not found" in out.failure or "no such file" in out.failure:
@@ -261,7 +293,10 @@ class KubeSandbox(Sandbox):
         target = resolve_path(path, self.spec.workdir)
         limit = (self.spec.resources.or_defaults().file_size_mb or 0) * MiB
         if self.runtime is not None:
-            data = await self.runtime.read_file(target, limit, self.spec.timeouts.exec_s)
+            try:
+                data = await self.runtime.read_file(target, limit, self.spec.timeouts.exec_s)
+            except TimeoutError:
+                raise await self._overran(f"reading {target}", self.spec.timeouts.exec_s) from None
             if data is not None:
                 return data
         out = await self._exec(["cat", "--", target], stdin=None, limit=limit,
@@ -276,8 +311,11 @@ class KubeSandbox(Sandbox):
         target = resolve_path(path, self.spec.workdir)
         out = None
         if self.runtime is not None:
-            out = await self.runtime.write_file(target, bytes(data), mode & 0o7777,
-                                                self.spec.timeouts.exec_s)
+            try:
+                out = await self.runtime.write_file(target, bytes(data), mode & 0o7777,
+                                                    self.spec.timeouts.exec_s)
+            except TimeoutError:
+                raise await self._overran(f"writing {target}", self.spec.timeouts.exec_s) from None
         if out is None:
             out = await self._write_by_exec(target, bytes(data), mode)
         if out.exit_code == NO_PARENT:
@@ -292,7 +330,8 @@ class KubeSandbox(Sandbox):
 
     async def _write_by_exec(self, target: str, data: bytes, mode: int) -> ExecOutput:
         try:
-            return await self._sh(_WRITE, target, f"{mode & 0o7777:o}", stdin=data)
+            return await self._sh(_WRITE, target, f"{mode & 0o7777:o}", stdin=data,
+                                  timeout_s=self.spec.timeouts.exec_s)
         except SandboxLostError as exc:
             if "v5.channel" not in exc.message:
                 raise
@@ -341,6 +380,26 @@ class KubeSandbox(Sandbox):
                 f"{out.stderr.decode('utf-8', 'replace').strip()[:300]}", sandbox_id=self.id,
             )
 
+    async def seal(self) -> None:
+        """Kill every process of the pod but its init (the container's ``sleep``), as a
+        reset does first, and keep the files.
+
+        A pod has no process of rollbox's that its workload cannot signal: a workload
+        that keeps the seal from finishing (stopping it, forking faster than it kills)
+        makes it a WorkloadError, the rollout's outcome; a pod gone is a lost sandbox."""
+        try:
+            out = await self._sh(_SEAL, timeout_s=self.spec.timeouts.reset_s)
+        except ExecTimeoutError as exc:
+            raise WorkloadError(f"cannot seal sandbox {self.id}: {exc.message}",
+                                sandbox_id=self.id, cause="seal") from None
+        if out.exit_code != 0:
+            await self._check_pod()
+            why = (f"cannot seal sandbox {self.id} (exit {out.exit_code}): "
+                   f"{out.stderr.decode('utf-8', 'replace').strip()[:300]}")
+            if self.lost:
+                raise SandboxLostError(why, sandbox_id=self.id)
+            raise WorkloadError(why, sandbox_id=self.id, cause="seal")
+
     async def endpoint(self, port: int) -> Endpoint:
         """The pod's ``port``, at the pod IP or through the router (``Transports``)."""
         check_port(port)
@@ -356,5 +415,7 @@ class KubeSandbox(Sandbox):
             self.closed = True
             for process in list(self.processes):
                 process.abort()
+            for sweep in list(self._sweeps):
+                sweep.cancel()
             self._release = asyncio.ensure_future(self.backend.release(self))
         await asyncio.shield(self._release)

@@ -82,12 +82,6 @@ class KnownHoles:
         await super().test_fifos_fail_promptly_and_stall_no_other_sandbox(  # type: ignore[misc]
             backend, sandbox)
 
-    @pytest.mark.xfail(strict=True, reason="disk_mb is the pod's ephemeral-storage limit: a "
-                       "kubelet evicts the pod some time after it is passed (the emulator's "
-                       "pods not even that); writes past it succeed")
-    async def test_disk_writes_past_disk_mb_fail(self, limits_backend: Backend) -> None:
-        await super().test_disk_writes_past_disk_mb_fail(limits_backend)  # type: ignore[misc]
-
 
 class ClaimingBackend(KubernetesBackend):
     """Every spec's sandboxes come as claims from a warm pool: before each create the

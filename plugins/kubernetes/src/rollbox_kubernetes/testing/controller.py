@@ -25,7 +25,8 @@ Kubelet: each new pod is scheduled (unless its nodeSelector does not match
 ``node_labels``: ``PodScheduled=False, Unschedulable``), then backed by a sandbox of the
 backing rollbox backend. An image the backend cannot find leaves the pod waiting in
 ``ImagePullBackOff``; images in ``stall_images`` never become ready. The container's
-memory and cpu limits become the backing sandbox's (a cgroup does that on a node); a
+memory, cpu and ephemeral-storage limits become the backing sandbox's (a cgroup and the
+kubelet's eviction do that on a node); a
 pod whose template carries a deny-all ``networkPolicy``, or that a deny-all
 NetworkPolicy of its namespace selects when it starts, gets no network (a CNI that
 enforces NetworkPolicy does that), others the host's.
@@ -36,6 +37,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import secrets
+from pathlib import Path
 from typing import Any
 
 from rollbox.backend import Backend
@@ -73,17 +75,35 @@ def _quantity(text: str, units: dict[str, float]) -> float:
 POD_MAX_PIDS = 4096
 
 
+MEBIBYTES = {"Ki": 1 / 1024, "Mi": 1, "Gi": 1024, "Ti": 1024 * 1024, "K": 1e3 / 2**20,
+             "M": 1e6 / 2**20, "G": 1e9 / 2**20, "T": 1e12 / 2**20, "": 1 / 2**20}
+
+
 def limits(container: Obj) -> Resources:
-    """The container's limits as the backing sandbox's resources."""
+    """The container's limits as the backing sandbox's resources: memory, cpu and
+    ephemeral-storage (the kubelet evicts a pod past it; the sandbox's writable layer
+    stops there with ENOSPC)."""
     found = (container.get("resources") or {}).get("limits") or {}
-    memory_mb, cpus = 2048, 1.0
+    memory_mb: int | None = None  # absent: the backing backend's default
+    cpus: float | None = None
+    disk_mb: int | None = None
     if "memory" in found:
-        memory_mb = max(1, int(_quantity(str(found["memory"]), {
-            "Ki": 1 / 1024, "Mi": 1, "Gi": 1024, "K": 1e3 / 2**20, "M": 1e6 / 2**20,
-            "G": 1e9 / 2**20, "": 1 / 2**20})))
+        memory_mb = max(1, int(_quantity(str(found["memory"]), MEBIBYTES)))
     if "cpu" in found:
         cpus = _quantity(str(found["cpu"]), {"m": 0.001, "": 1})
-    return Resources(cpus=cpus, memory_mb=memory_mb, pids=POD_MAX_PIDS)
+    if "ephemeral-storage" in found:
+        disk_mb = max(1, int(_quantity(str(found["ephemeral-storage"]), MEBIBYTES)))
+    return Resources(cpus=cpus, memory_mb=memory_mb, disk_mb=disk_mb, pids=POD_MAX_PIDS)
+
+
+def container_runtime(state_dir: str | Path) -> Backend:
+    """The local backend as a test node's container runtime: pods are its sandboxes.
+    Without ``exec_isolation``: a pod's execs are not kept apart from each other (on a
+    node they are not), and the Kubernetes backend finds a command's processes by
+    reading their ``/proc/PID/environ`` from another exec."""
+    from rollbox_local import LocalBackend
+
+    return LocalBackend(state_dir=state_dir, exec_isolation=False)
 
 
 def _cond(kind: str, ok: bool, reason: str, message: str = "") -> Obj:

@@ -7,7 +7,7 @@ dropped watches, forbidden verbs, missing CRDs or namespaces).
 The cluster behind it is ``FakeCluster`` (controller.py): it binds claims to warm pools
 and backs each pod with a sandbox from any rollbox backend.
 
-    async with ApiServerEmulator(backing=LocalBackend(state_dir=...)) as emu:
+    async with ApiServerEmulator(backing=container_runtime(state_dir=...)) as emu:
         backend = KubernetesBackend(host=emu.url)
 """
 

@@ -59,7 +59,7 @@ from rollbox.spec import Network, SandboxSpec
 from rollbox_kubernetes.client import ApiError, KubeClient, RequestStats
 from rollbox_kubernetes.podexec import V4, V5
 from rollbox_kubernetes.resources import NETWORK_POLICIES, PODS, Resource
-from rollbox_kubernetes.testing.controller import limits
+from rollbox_kubernetes.testing.controller import container_runtime, limits
 from rollbox_kubernetes.testing.execserver import serve_exec
 from rollbox_kubernetes.testing.runtime import SandboxRuntime
 
@@ -466,7 +466,6 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
 
 async def _main(args: argparse.Namespace) -> None:
     from kubernetes_asyncio.client import ApiClient
-    from rollbox_local import LocalBackend
 
     from rollbox_kubernetes.backend import load_configuration
 
@@ -476,7 +475,7 @@ async def _main(args: argparse.Namespace) -> None:
     tls.verify_mode = ssl.CERT_REQUIRED
     config = await load_configuration(None, args.kubeconfig, None)
     client = KubeClient(ApiClient(config), qps=1000, burst=2000, stats=RequestStats())
-    agent = NodeAgent(client, LocalBackend(state_dir=args.state_dir), nodes=args.node,
+    agent = NodeAgent(client, container_runtime(args.state_dir), nodes=args.node,
                       listen=(host, int(port)), tls=tls, pod_cidr=args.pod_cidr,
                       node_labels=dict(kv.split("=", 1) for kv in args.node_label),
                       max_starting=args.max_starting, allow_network=args.allow_network)
