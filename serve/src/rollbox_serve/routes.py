@@ -55,6 +55,7 @@ def make_app(server: Server) -> web.Application:
     app.router.add_get(f"{p}/sandboxes/{{id}}/files", h.read_file)
     app.router.add_put(f"{p}/sandboxes/{{id}}/files", h.write_file)
     app.router.add_post(f"{p}/sandboxes/{{id}}/reset", h.reset)
+    app.router.add_post(f"{p}/sandboxes/{{id}}/seal", h.seal)
     app.router.add_post(f"{p}/sandboxes/{{id}}/ping", h.ping)
     app.router.add_post(f"{p}/sandboxes/{{id}}/snapshot", h.snapshot)
     app.router.add_post(f"{p}/sandboxes/{{id}}/ports/{{port}}", h.port)
@@ -221,6 +222,12 @@ class _Handlers:
         with self.server.working_on(held):
             held.endpoints.clear()  # a reset sandbox exposes nothing: endpoint() anew
             await held.sandbox.reset()
+        return web.Response(status=204)
+
+    async def seal(self, request: web.Request) -> web.Response:
+        held = self._held(request)
+        with self.server.working_on(held):
+            await held.sandbox.seal()
         return web.Response(status=204)
 
     async def ping(self, request: web.Request) -> web.Response:

@@ -340,6 +340,10 @@ class RemoteSandbox(Sandbox):
         await self._call("POST", "/reset",
                          timeout=self.spec.timeouts.reset_s + self.backend.slack_s)
 
+    async def seal(self) -> None:
+        """Seal on the server (its backend's ``seal``)."""
+        await self._call("POST", "/seal", timeout=self.spec.timeouts.reset_s + self.backend.slack_s)
+
     async def snapshot(self) -> Snapshot:
         data = await self._call("POST", "/snapshot", timeout=600)
         return Snapshot(id=data["id"], spec=self.spec, backend=RemoteBackend.name)

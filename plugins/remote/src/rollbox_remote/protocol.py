@@ -15,7 +15,7 @@ and port tunnels; every request carries ``Authorization: Bearer TOKEN``. The rou
     GET    /v1/sandboxes/{id}/stream           WebSocket: a streaming command
     GET    /v1/sandboxes/{id}/files?path=P     raw bytes
     PUT    /v1/sandboxes/{id}/files?path=P&mode=644   raw bytes
-    POST   /v1/sandboxes/{id}/reset | ping | snapshot
+    POST   /v1/sandboxes/{id}/reset | seal | ping | snapshot
     POST   /v1/sandboxes/{id}/ports/{port}     {headers} (the port can be reached)
     GET    /v1/sandboxes/{id}/ports/{port}     WebSocket: one TCP connection to the port
     POST   /v1/snapshots/{id}/fork             {owner, client} → sandbox info
