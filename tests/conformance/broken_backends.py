@@ -19,6 +19,7 @@ from typing import ClassVar
 
 from broken_host_shells import (
     ClaimsEveryLimit,
+    ClaimsSealAndIsolation,
     HostPathsBackend,
     HostPorts,
     HostShellBackend,
@@ -31,8 +32,8 @@ from rollbox.sandbox import resolve_path
 from rollbox.testing import FakeBackend, FakeSandbox, builtin_handler
 
 __all__ = [  # the host-shell ones are run from here too
-    "ClaimsEveryLimit", "HostPathsBackend", "HostPorts", "HostShellBackend", "LeaksAnFd",
-    "TimeoutKillsEverything",
+    "ClaimsEveryLimit", "ClaimsSealAndIsolation", "HostPathsBackend", "HostPorts",
+    "HostShellBackend", "LeaksAnFd", "TimeoutKillsEverything",
 ]
 
 

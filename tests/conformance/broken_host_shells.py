@@ -301,6 +301,21 @@ class HostPathsBackend(HostShellBackend):
             shutil.rmtree(copy, ignore_errors=True)
 
 
+class _UnsealedSandbox(_HostPathsSandbox):
+    async def seal(self) -> None:
+        return None  # claims to end the workload; every process of it lives on
+
+
+class ClaimsSealAndIsolation(HostPathsBackend):
+    """Declares ``seal`` and ``exec_isolation`` and gives neither: a seal leaves every
+    process running, and a command's processes can trace a later command's (the host's
+    own rules, as whoever runs the tests)."""
+
+    capabilities = dataclasses.replace(HostPathsBackend.capabilities, seal=True,
+                                       exec_isolation=True)
+    sandbox_class = _UnsealedSandbox
+
+
 class HostPorts(HostShellBackend):
     """Claims ports, and its sandboxes' listeners are on the host's loopback: reachable
     without the endpoint, by anyone."""

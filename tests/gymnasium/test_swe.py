@@ -42,7 +42,8 @@ def test_swe_episode_on_fake(swe_fake: FakeBackend) -> None:
     assert info["task_id"].startswith("synthetic-") and "/repo" in obs and "submit" in obs
     obs, reward, terminated, _, info = env.step("python3 -B test_solution.py")
     assert obs == "0/4 passed\n" and info["exit_code"] == 1 and reward == 0.0
-    assert info["verifier"]["score"] == 0.0 and not terminated
+    # the hidden tests decide, and they come only with the final verdict
+    assert info["verifier"] == {"verified": False} and not terminated
     _, reward, terminated, _, info = env.step("submit")
     assert (reward, terminated, info["verifier"]["submitted"]) == (0.0, True, True)
     env.close()
@@ -65,7 +66,11 @@ def test_swe_solved_in_a_real_sandbox(
     env.reset(seed=0)
     obs, reward, terminated, _, _ = env.step("python3 -B test_solution.py")
     assert "0/4 passed" in obs and (reward, terminated) == (0.0, False)
-    _, reward, terminated, _, info = env.step("git checkout -q fix -- solution.py")
+    # the bug is "+ (b + 1)": take the 1 away, as an agent would after reading the failures
+    env.step(r"sed -i -E 's/(\+ [0-9]+)$/\1 - 1/' solution.py")
+    obs, reward, terminated, _, _ = env.step("python3 -B test_solution.py")
+    assert "4/4 passed" in obs and (reward, terminated) == (0.0, False)  # paid at the end
+    _, reward, terminated, _, info = env.step("submit")
     assert (reward, terminated, info["verifier"]["score"]) == (1.0, True, 1.0)
     with warnings.catch_warnings():
         warnings.simplefilter("error")

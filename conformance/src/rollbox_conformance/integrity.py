@@ -88,7 +88,10 @@ if target is not None:
 open(log, "w").write(json.dumps(report))
 """
 
+# Each loop first waits a moment, so that the command that started it has returned: the
+# attack is on the commands after it.
 STOP_EVERYTHING = """\
+sleep 1
 while :; do
   for p in /proc/[0-9]*; do p=${p#/proc/}; [ "$p" = $$ ] || kill -STOP "$p" 2>/dev/null; done
 done
@@ -96,6 +99,7 @@ done
 """A loop that keeps every other process of the sandbox stopped."""
 
 KILL_EVERYTHING = """\
+sleep 1
 while :; do
   for p in /proc/[0-9]*; do p=${p#/proc/}; [ "$p" = $$ ] || kill -KILL "$p" 2>/dev/null; done
 done
@@ -140,13 +144,16 @@ class IntegrityTests(BackendTestBase):
             await sandbox.write_file(kept, b"the rollout's work")
             daemon = f"(setsid sh -c 'while :; do date +%s%N >> {beat}; sleep 0.05; done' &)"
             await self.sh(sandbox, f"{daemon} > /dev/null 2>&1; sleep 30 > /dev/null 2>&1 &")
-            running = await sandbox.stream(["sh", "-c", "sleep 60"], timeout=120)
+            running = None
+            if backend.capabilities.streaming:
+                running = await sandbox.stream(["sh", "-c", "sleep 60"], timeout=120)
             await asyncio.sleep(0.3)
             async with self.within(30, "seal"):
                 await sandbox.seal()
-            async with self.within(30, "the command running during the seal"):
-                code = await running.wait()
-            assert code != 0, "a command running during the seal went on to succeed"
+            if running is not None:
+                async with self.within(30, "the command running during the seal"):
+                    code = await running.wait()
+                assert code != 0, "a command running during the seal went on to succeed"
             before = await sandbox.read_file(beat)
             await asyncio.sleep(0.4)
             assert await sandbox.read_file(beat) == before, "the daemon lived on past the seal"
@@ -202,7 +209,7 @@ class IntegrityTests(BackendTestBase):
         spec = self.spec.replace(timeouts=dataclasses.replace(self.spec.timeouts, exec_s=3.0))
         async with await backend.create(spec) as sandbox:
             await self._background(sandbox, STOP_EVERYTHING)
-            await asyncio.sleep(0.3)
+            await asyncio.sleep(1.3)
             for _ in range(3):
                 async with self.within(2.0 + self.timeout_slack_s, "a command under the loop"):
                     await self._never_lost(sandbox.exec("sleep 5", timeout=2.0))
@@ -216,6 +223,7 @@ class IntegrityTests(BackendTestBase):
         self.require(backend, "shell")
         async with await backend.create(self.spec) as sandbox:
             await self._background(sandbox, KILL_EVERYTHING)
+            await asyncio.sleep(1.3)
             for _ in range(5):
                 await self._never_lost(self.sh(sandbox, "echo still here", timeout=5))
                 await self._never_lost(sandbox.write_file(self.scratch("f"), b"x"))
@@ -223,9 +231,12 @@ class IntegrityTests(BackendTestBase):
             await self._settle(backend, sandbox)
 
     async def _settle(self, backend: Backend, sandbox: Sandbox) -> None:
-        """End the attack (a seal, or a reset) and check the sandbox serves again."""
+        """End the attack (a seal, or a reset) and check the sandbox serves again, unless
+        the seal said the workload kept it from ending (a WorkloadError: a backend with
+        no process inside that the workload cannot stop, a pod, may lose that race)."""
         if backend.capabilities.seal:
-            await self._never_lost(sandbox.seal())
+            if isinstance(await self._never_lost(sandbox.seal()), WorkloadError):
+                return
         else:
             await sandbox.reset()
         result = await self._never_lost(self.sh(sandbox, "echo settled", timeout=10))
