@@ -166,12 +166,13 @@ class Task:
     async def verdict(self, sandbox: Sandbox) -> Judgement:
         """The final verdict, out of the rollout's reach (see the module docstring):
         seal, carry ``answer`` over to a reset sandbox, write ``judge_files``, then
-        ``judge(sandbox, None)``. A verdict command that overruns its timeout scores as
-        ``judge_failure`` says. Afterwards the sandbox holds the verdict's state: give
+        ``judge(sandbox, None)``. Afterwards the sandbox holds the verdict's state: give
         it back to be reset.
 
         Raises CapabilityNotSupportedError on a backend that cannot seal, and the
-        SandboxErrors of the sandbox's own calls (a lost sandbox is no verdict)."""
+        SandboxErrors of the sandbox's own calls: a lost sandbox is no verdict, and one
+        of ``WORKLOAD_OUTCOMES`` (a verdict command past its timeout) is for the caller
+        to score with ``judge_failure`` (``Session`` and the runner do)."""
         await sandbox.seal()
         info: dict[str, Any] = {}
         if self.answer is not None:
@@ -183,10 +184,7 @@ class Task:
                 info["answer_missing"] = missing
         for path, data in self.judge_files.items():
             await sandbox.write_file(path, data)
-        try:
-            judgement = await self.judge(sandbox, None)
-        except ExecTimeoutError as error:
-            judgement = self.judge_failure(error)
+        judgement = await self.judge(sandbox, None)
         if not info:
             return judgement
         return Judgement(judgement.reward, judgement.terminated, {**judgement.info, **info})
