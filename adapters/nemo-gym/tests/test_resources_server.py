@@ -90,15 +90,21 @@ def test_an_episode_of_the_synthetic_environment_through_the_routes() -> None:
         assert "solution.py" in look.json()["output"]
         assert look.json()["reward"] == 0.0 and not look.json()["terminated"]
 
-        before = client.post("/verify", json=verify_body())
-        assert before.json()["reward"] == 0.0 and before.json()["mask_sample"] is False
+        # the bug is "+ (b + 1)": take the 1 away; the visible tests pass, and the hidden
+        # ones, which pay, come only with the final verdict
+        client.post("/run_command", json={
+            "command": r"sed -i -E 's/(\+ [0-9]+)$/\1 - 1/' solution.py"})
+        tested = client.post("/run_command", json={"command": "python3 -B test_solution.py"})
+        assert "4/4 passed" in tested.json()["output"]
+        assert tested.json()["reward"] == 0.0 and not tested.json()["terminated"]
 
-        # the fix is committed on the repository's branch `fix`
-        fixed = client.post("/run_command", json={"command": "git checkout -q fix -- solution.py"})
-        assert fixed.json()["terminated"] is True and fixed.json()["reward"] == 1.0
+        verified = client.post("/verify", json=verify_body())
+        assert verified.json()["reward"] == 1.0 and verified.json()["mask_sample"] is False
 
-        after = client.post("/verify", json=verify_body())
-        assert after.json()["reward"] == 1.0
+        # the verdict ended the episode: a second one is no reward, and says why
+        again = client.post("/verify", json=verify_body())
+        assert again.json()["mask_sample"] is True
+        assert again.json()["failure_kind"] == "rollbox:usage"
 
         closed = client.post("/close_session", json={
             "resources_session_id": "session-0", "episode_id": {"rollout_id": "session-0-rollout"}})
