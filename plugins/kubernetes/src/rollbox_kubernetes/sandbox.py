@@ -109,11 +109,18 @@ for round in 1 2 3 4 5 6 7 8; do
   [ -n "$found" ] || break
 done
 """
-_SEAL = _END_WORKLOAD + """for d in /proc/[0-9]*; do
+# A survivor fails the seal, but for a fork of the container's init that has not exec'd
+# (a runtime's own helper: a real pod's init, ``sleep``, never forks; orphans it adopts
+# run programs of their own).
+_SEAL = _END_WORKLOAD + """init=$(tr '\\0' ' ' < /proc/1/cmdline 2>/dev/null)
+for d in /proc/[0-9]*; do
   pid=${d#/proc/}
   case "$keep" in *" $pid "*) continue ;; esac
-  [ -e "$d/cmdline" ] && [ -n "$(cat "$d/cmdline" 2>/dev/null)" ] && {
-    echo "process $pid would not die" >&2; exit 4; }
+  cmd=$(tr '\\0' ' ' < "$d/cmdline" 2>/dev/null)
+  [ -n "$cmd" ] || continue
+  parent=$(sed -n 's/^PPid:[[:space:]]*//p' "$d/status" 2>/dev/null)
+  [ "$parent" = 1 ] && [ "$cmd" = "$init" ] && continue
+  echo "process $pid ($cmd) would not die" >&2; exit 4
 done
 exit 0
 """
