@@ -44,11 +44,13 @@ LAUNCHER = "/usr/local/bin/openhands-agent-server"
 DEFAULT_VERSION = "1.58.2"
 BASE_LABEL = "org.rollbox.base"
 
-CONSTRAINTS = ("mcp<2",)
+CONSTRAINTS = ("mcp<2", "cryptography<51")
 """OpenHands builds its images from a lockfile; installing from PyPI resolves the newest
 dependencies instead. Those known to break the agent-server are held back here: mcp 2
 dropped the server API browser-use's MCP server uses (the browser tool then fails to
-start, and the app server cannot create a conversation)."""
+start, and the app server cannot create a conversation); cryptography 51 refuses a
+Fernet key in standard base64, which the SDK's ``Cipher`` derives (``b64encode`` of a
+SHA-256), so every conversation whose secrets it saves failed with HTTP 500."""
 
 _SKIP_IN_PREFIX = ("lib/python3.{minor}/test", "lib/python3.{minor}/idlelib",
                    "lib/python3.{minor}/tkinter", "lib/python3.{minor}/turtledemo",
