@@ -41,6 +41,12 @@ class PoolPolicy:
     def upcoming(self, specs: Sequence[SandboxSpec]) -> None:
         """Hint: specs that will be acquired next, soonest first (lookahead policies)."""
 
+    def warm_specs(self, specs: Iterable[SandboxSpec]) -> Iterable[SandboxSpec]:
+        """Those of ``specs`` whose ``warm_target`` may be above 0 (the pool looks only
+        at these after a hint). The default is all of them; a policy that knows which
+        it warms says so, and a hint over thousands of specs stays cheap."""
+        return specs
+
 
 class NoPoolPolicy(PoolPolicy):
     """The baseline: create per acquire, close on release, keep nothing warm."""
@@ -110,16 +116,27 @@ class LookaheadPolicy(PoolPolicy):
         self._upcoming: Counter[SandboxSpec] = Counter()
         self._order: list[SandboxSpec] = []
         self._busy: dict[SandboxSpec, int] = {}
-        self._want: dict[SandboxSpec, int] = {}
+        self._wanted: dict[SandboxSpec, int] = {}
+        self._stale = False  # the plan waits for its next reader (in_flight, then upcoming)
 
     def in_flight(self, counts: Mapping[SandboxSpec, int]) -> None:
         self._busy = dict(counts)
-        self._plan()
+        self._stale = True
 
     def upcoming(self, specs: Sequence[SandboxSpec]) -> None:
         self._upcoming = Counter(specs)
-        self._order = list(dict.fromkeys(specs))
-        self._plan()
+        self._order = list(self._upcoming)  # first appearance order: soonest first
+        self._stale = True
+
+    def warm_specs(self, specs: Iterable[SandboxSpec]) -> Iterable[SandboxSpec]:
+        return self._want.keys()
+
+    @property
+    def _want(self) -> dict[SandboxSpec, int]:
+        if self._stale:
+            self._stale = False
+            self._plan()
+        return self._wanted
 
     def _plan(self) -> None:
         want: dict[SandboxSpec, int] = {}
@@ -131,7 +148,7 @@ class LookaheadPolicy(PoolPolicy):
             if need > 0:
                 want[spec] = min(need, self.budget - planned)
                 planned += want[spec]
-        self._want = want
+        self._wanted = want
 
     def warm_target(self, spec: SandboxSpec) -> int:
         return self._want.get(spec, 0)

@@ -115,6 +115,8 @@ class Pool:
         self._closing: set[asyncio.Task[None]] = set()
         self._closed = False
         self._reported: set[SandboxSpec] = set()  # specs last told a target above 0
+        self._queued: list[SandboxSpec] = []  # the runner's window (``upcoming``)
+        self._expected: list[SandboxSpec] = []  # what comes after it (``expect``)
 
     # -- public API ------------------------------------------------------------------
 
@@ -208,11 +210,27 @@ class Pool:
                 raise result
 
     def upcoming(self, specs: Sequence[SandboxSpec]) -> None:
-        """Tell the policy (and the backend's image hydration) what comes next."""
+        """Tell the policy (and the backend's image hydration) what comes next, soonest
+        first (the runner's queue; what ``expect`` said follows it)."""
+        self._queued = list(specs)
+        self._hint()
+
+    def expect(self, specs: Sequence[SandboxSpec]) -> None:
+        """What will be acquired after everything ``upcoming`` names, soonest first: a
+        training loop's next step, say, known while this one runs. It stays until the
+        next ``expect`` (``expect([])`` drops it), behind whatever the runner queues, so
+        the pool warms it and the backend hydrates its images with the lead of a whole
+        step."""
+        self._expected = list(specs)
+        self._hint()
+
+    def _hint(self) -> None:
+        specs = [*self._queued, *self._expected]
         self.policy.upcoming(specs)
         self.backend.hint_upcoming([s.image for s in specs])
         # Specs that left the window may have a lower target now: tell the backend too.
-        for spec in dict.fromkeys([*specs, *self._reported]):
+        for spec in dict.fromkeys([*self.policy.warm_specs(dict.fromkeys(specs)),
+                                   *self._reported]):
             self._kick(spec)
 
     async def shrink(self, spec: SandboxSpec, keep: int = 0) -> int:
