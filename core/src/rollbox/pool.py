@@ -111,6 +111,9 @@ class Pool:
         self._lru: OrderedDict[Sandbox, SandboxSpec] = OrderedDict()  # idle, oldest first
         self._leased: set[Sandbox] = set()
         self._in_transit = 0  # neither idle nor leased: being reset or health-checked
+        self._urgent_creates = 0  # creates an acquire waits for, in progress
+        self._no_urgent_creates = asyncio.Event()
+        self._no_urgent_creates.set()
         self._room = asyncio.Condition()
         self._closing: set[asyncio.Task[None]] = set()
         self._closed = False
@@ -350,9 +353,13 @@ class Pool:
     async def _create(self, spec: SandboxSpec, *, counted: bool = True,
                       urgent: bool = False) -> Sandbox:
         """``urgent``: an acquire waits for this sandbox; its create goes before warm-ups
-        in the create limiter (theirs can wait; an acquire's wait is its TTFC)."""
+        in the create limiter, and warm-ups wait until it is done (theirs can wait; an
+        acquire's wait is its TTFC, and a cluster starts pods in the order they come)."""
         state = self._state(spec)
         state.creating += 1
+        if urgent:
+            self._urgent_creates += 1
+            self._no_urgent_creates.clear()
         try:
             if self.limiter is not None:
                 await self.limiter.acquire(urgent=urgent)
@@ -383,6 +390,10 @@ class Pool:
             return sandbox
         finally:
             state.creating -= 1
+            if urgent:
+                self._urgent_creates -= 1
+                if not self._urgent_creates:
+                    self._no_urgent_creates.set()
 
     async def _reset(self, sandbox: Sandbox, spec: SandboxSpec) -> bool:
         loop = asyncio.get_running_loop()
@@ -477,6 +488,11 @@ class Pool:
         while not self._closed and not state.delegated and self._short_of_target(spec, state):
             if self.max_sandboxes is not None and self.live >= self.max_sandboxes:
                 return
+            if not self._no_urgent_creates.is_set():
+                # The sandboxes acquires wait for first (a first wave): a cluster starts
+                # pods in the order they come. Then look at the target again.
+                await self._no_urgent_creates.wait()
+                continue
             state.filling += 1
             try:
                 with creating_ahead_of_need():  # nobody waits: backends may run it niced
