@@ -7,9 +7,16 @@ import asyncio
 from collections.abc import Callable
 
 import pytest
-from rollbox.errors import BackendUnavailableError, CreateFailedError, ImageNotFoundError
+from rollbox.errors import (
+    BackendUnavailableError,
+    CreateFailedError,
+    ImageNotFoundError,
+    SandboxError,
+    WorkloadError,
+)
 from rollbox.spec import SandboxSpec, Timeouts
 from rollbox_kubernetes import ApiError, KubernetesBackend
+from rollbox_kubernetes.sandbox import KubeSandbox
 from rollbox_kubernetes.testing import ApiServerEmulator
 
 BackendFactory = Callable[..., KubernetesBackend]
@@ -279,3 +286,29 @@ async def test_a_delete_refused_to_the_end_is_named_with_the_command_that_remove
     from rollbox_kubernetes.ops import reap
 
     await reap(cleaner.client, "default", "test")
+
+
+@pytest.mark.parametrize(("status", "workload"), [
+    ({"phase": "Failed", "reason": "Evicted", "message": "Pod ephemeral local storage usage "
+      "exceeds the total limit of containers 64Mi."}, True),
+    ({"phase": "Failed", "reason": "Evicted",
+      "message": "The node was low on resource: ephemeral-storage."}, False),
+])
+async def test_a_pod_evicted_past_its_own_limit_is_the_workloads_failure(
+        make_backend: BackendFactory, emulator: ApiServerEmulator, spec: SandboxSpec,
+        status: dict[str, str], workload: bool) -> None:
+    """A kubelet evicts a pod past its ephemeral-storage limit (where the test cluster's
+    nodes stop it with ENOSPC): the rollout filled its own disk, so the error says so and
+    is not retryable; a node short of disk evicting it is the infrastructure's."""
+    backend = make_backend(mode="pod")
+    sandbox = await backend.create(spec)
+    assert isinstance(sandbox, KubeSandbox)
+    emulator.store.patch("pods", "default", sandbox.pod, {"status": status})
+    await emulator.cluster.backing_sandbox("default", sandbox.pod).close()
+    with pytest.raises(SandboxError) as caught:
+        await sandbox.exec("true", timeout=10)
+    assert isinstance(caught.value, WorkloadError) is workload
+    assert caught.value.retryable is not workload
+    with pytest.raises(type(caught.value)):  # and so it stays
+        await sandbox.exec("true", timeout=10)
+    await sandbox.close()

@@ -111,8 +111,9 @@ class KubernetesBackend(Backend):
         warm_pool_min: int = 2,
         warm_replicas: int = 0,
         scale_delay_s: float = 0.5,
-        qps: float = 20.0,
+        qps: float = 100.0,
         burst: int = 40,
+        adaptive_pacing: bool = True,
         unschedulable_grace_s: float = 5.0,
         probe_after_s: float = 2.0,
         transport: str = "auto",
@@ -143,6 +144,7 @@ class KubernetesBackend(Backend):
         self.context = context
         self.qps = qps
         self.burst = burst
+        self.adaptive_pacing = adaptive_pacing
         self.unschedulable_grace_s = unschedulable_grace_s
         self.probe_after_s = probe_after_s
         self.stats = RequestStats()
@@ -181,7 +183,7 @@ class KubernetesBackend(Backend):
             if self._client is None:
                 config = await load_configuration(self.host, self.kubeconfig, self.context)
                 self._client = KubeClient(ApiClient(config), qps=self.qps, burst=self.burst,
-                                          stats=self.stats)
+                                          adaptive=self.adaptive_pacing, stats=self.stats)
                 self._ws_api = CoreV1Api(ChannelWsApiClient(configuration=config))
         return self._client
 
@@ -439,7 +441,7 @@ class KubernetesBackend(Backend):
                                           self.options.run_id)
         config = await load_configuration(self.host, self.kubeconfig, self.context)
         client = KubeClient(ApiClient(config), qps=self.qps, burst=self.burst,
-                            stats=RequestStats())
+                            adaptive=self.adaptive_pacing, stats=RequestStats())
         try:
             return held + await leftovers(client, self.options.namespace, self.options.run_id)
         finally:

@@ -32,7 +32,7 @@ from typing import Any
 import aiohttp
 from kubernetes_asyncio.client import ApiClient
 from kubernetes_asyncio.client.exceptions import ApiException
-from rollbox.ratelimit import TokenBucket
+from rollbox.ratelimit import AdaptiveRate, TokenBucket
 
 from rollbox_kubernetes.resources import Resource
 
@@ -96,11 +96,13 @@ _LIMITERS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[str, TokenB
 )
 
 
-def shared_limiter(server: str, qps: float, burst: int) -> TokenBucket:
-    """The one token bucket of this event loop for ``server`` (created on first use)."""
+def shared_limiter(server: str, qps: float, burst: int, *, adaptive: bool = True
+                   ) -> TokenBucket:
+    """The one limiter of this event loop for ``server`` (created on first use): an
+    ``AdaptiveRate`` capped at ``qps``, or with ``adaptive=False`` a fixed ``qps``."""
     per_loop = _LIMITERS.setdefault(asyncio.get_running_loop(), {})
     if server not in per_loop:
-        per_loop[server] = TokenBucket(qps, burst)
+        per_loop[server] = AdaptiveRate(qps, burst) if adaptive else TokenBucket(qps, burst)
     return per_loop[server]
 
 
@@ -134,8 +136,9 @@ class KubeClient:
         self,
         api: ApiClient,
         *,
-        qps: float = 20.0,
+        qps: float = 100.0,
         burst: int = 40,
+        adaptive: bool = True,
         max_retries: int = 6,
         backoff_s: float = 0.2,
         max_backoff_s: float = 8.0,
@@ -147,6 +150,7 @@ class KubeClient:
         self.host: str = str(api.configuration.host)
         self.qps = qps
         self.burst = burst
+        self.adaptive = adaptive
         self.max_retries = max_retries
         self.backoff_s = backoff_s
         self.max_backoff_s = max_backoff_s
@@ -157,7 +161,8 @@ class KubeClient:
     @property
     def limiter(self) -> TokenBucket:
         if self._limiter is None:
-            self._limiter = shared_limiter(self.host, self.qps, self.burst)
+            self._limiter = shared_limiter(self.host, self.qps, self.burst,
+                                           adaptive=self.adaptive)
         return self._limiter
 
     async def close(self) -> None:
@@ -186,7 +191,10 @@ class KubeClient:
             # a server with few seats (APF with no queue) again and again, each time using
             # up an attempt of every caller.
             wait = error.retry_after if error.retry_after is not None else 1.0
-            self.limiter.pause(wait)
+            if isinstance(self.limiter, AdaptiveRate):
+                self.limiter.throttled(wait)  # and slower from now on
+            else:
+                self.limiter.pause(wait)
             await asyncio.sleep(wait * (1 + random.random()))
             return
         delay = min(self.max_backoff_s, self.backoff_s * 2 ** min(attempt - 1, 16))
@@ -225,6 +233,7 @@ class KubeClient:
             if attempts is not None:
                 attempts[0] = attempt
             await self.pace(verb, path)
+            sent = asyncio.get_running_loop().time()
             try:
                 data = await self.api.call_api(
                     path, method, query_params=query or [],
@@ -233,6 +242,8 @@ class KubeClient:
                     auth_settings=["BearerToken"], _return_http_data_only=True,
                     _request_timeout=self.request_timeout_s,
                 )
+                if isinstance(self.limiter, AdaptiveRate):
+                    self.limiter.answered(asyncio.get_running_loop().time() - sent)
                 return (data if isinstance(data, dict) else {}), attempt
             except ApiException as exc:
                 error = _error_from(exc.status or 0, exc.reason or "", exc.body, exc.headers)

@@ -54,7 +54,7 @@ from rollbox_kubernetes.podexec import DEADLINE_GRACE_S, ExecOutput, pod_exec
 from rollbox_kubernetes.podprocess import PodProcess, start_process
 from rollbox_kubernetes.render import CONTAINER
 from rollbox_kubernetes.resources import PODS
-from rollbox_kubernetes.status import pod_ready
+from rollbox_kubernetes.status import pod_ready, workload_failure
 
 if TYPE_CHECKING:
     from rollbox_kubernetes.backend import KubernetesBackend
@@ -154,6 +154,7 @@ class KubeSandbox(Sandbox):
         self.lost = False
         self.processes: set[PodProcess] = set()
         self._sweeps: set[asyncio.Task[None]] = set()
+        self.broken_by: str | None = None
         # Set by transport.attach when the in-sandbox HTTP runtime answers: commands
         # without stdin, and files, then go there instead of through pod exec.
         self.runtime: RuntimeHttp | None = None
@@ -193,8 +194,7 @@ class KubeSandbox(Sandbox):
         processes kept it, or what kills it, from ending)."""
         await self._check_pod()
         if self.lost:
-            return SandboxLostError(f"pod {self.pod} of sandbox {self.id} went away during "
-                                    f"{what}", sandbox_id=self.id)
+            return self.gone(f"pod {self.pod} of sandbox {self.id} went away during {what}")
         return ExecTimeoutError(f"{what} overran {timeout_s}s and its exec did not end",
                                 sandbox_id=self.id, timeout_s=timeout_s)
 
@@ -205,8 +205,7 @@ class KubeSandbox(Sandbox):
         if self.closed:
             raise SandboxLostError(f"sandbox {self.id} is closed", sandbox_id=self.id)
         if self.lost:
-            raise SandboxLostError(f"pod {self.pod} of sandbox {self.id} is gone",
-                                   sandbox_id=self.id)
+            raise self.gone(f"pod {self.pod} of sandbox {self.id} is gone")
         try:
             if self.runtime is not None and stdin is None and self.runtime.can_run(timeout_s):
                 return await self.runtime.exec(argv, limit=limit, timeout_s=timeout_s, raw=raw)
@@ -243,13 +242,13 @@ class KubeSandbox(Sandbox):
             if "executable file not found" in out.failure or "no such file" in out.failure:
                 raise CommandNotFoundError(out.failure, sandbox_id=self.id)
             await self._check_pod()
-            raise SandboxLostError(f"exec in pod {self.pod}: {out.failure}", sandbox_id=self.id)
+            raise self.gone(f"exec in pod {self.pod}: {out.failure}")
         timed_out = elapsed >= request.timeout_s * 0.99
         if out.exit_code == KILLED and not timed_out:
             await self._check_pod()  # SIGKILL: the pod may be going (deleted, evicted)
             if self.lost:
-                raise SandboxLostError(f"pod {self.pod} of sandbox {self.id} went away "
-                                       "during the command", sandbox_id=self.id)
+                raise self.gone(f"pod {self.pod} of sandbox {self.id} went away during the "
+                                "command")
         if out.exit_code == KILLED and timed_out:
             await self._kill_marked(marker)
             raise ExecTimeoutError(
@@ -276,7 +275,8 @@ class KubeSandbox(Sandbox):
         return await start_process(self, request, self.argv_for(request, marker), marker)
 
     async def _check_pod(self) -> None:
-        """Mark the sandbox lost if its pod is gone, terminating or no longer ready."""
+        """Mark the sandbox lost if its pod is gone, terminating or no longer ready, and
+        remember when that was its own workload's doing (``broken_by``)."""
         try:
             pod = await self.backend.client.get(PODS, self.backend.options.namespace, self.pod)
         except ApiError as err:
@@ -285,6 +285,16 @@ class KubeSandbox(Sandbox):
             return
         if pod["metadata"].get("deletionTimestamp") or not pod_ready(pod):
             self.lost = True
+            self.broken_by = workload_failure(pod)
+
+    def gone(self, message: str) -> SandboxError:
+        """The error for a pod found lost: a WorkloadError when its own workload took it
+        past its limits (an eviction for its ephemeral storage, an OOM kill), so the
+        rollout cannot pass that off as the infrastructure's; else SandboxLostError."""
+        if self.broken_by:
+            return WorkloadError(f"{message}: {self.broken_by}", sandbox_id=self.id,
+                                 cause="limits")
+        return SandboxLostError(message, sandbox_id=self.id)
 
     async def _sh(self, script: str, *args: str, stdin: bytes | None = None,
                   timeout_s: float = 60.0) -> ExecOutput:
@@ -404,7 +414,7 @@ class KubeSandbox(Sandbox):
             why = (f"cannot seal sandbox {self.id} (exit {out.exit_code}): "
                    f"{out.stderr.decode('utf-8', 'replace').strip()[:300]}")
             if self.lost:
-                raise SandboxLostError(why, sandbox_id=self.id)
+                raise self.gone(why)
             raise WorkloadError(why, sandbox_id=self.id, cause="seal")
 
     async def endpoint(self, port: int) -> Endpoint:

@@ -125,3 +125,23 @@ def pod_problem(pod: Obj) -> tuple[str, str] | None:
     if scheduled.get("status") == "False" and scheduled.get("reason") == "Unschedulable":
         return "unschedulable", str(scheduled.get("message", "Unschedulable"))
     return None
+
+
+OWN_LIMIT_EVICTIONS = ("exceeds the total limit", "exceeded its local ephemeral storage limit",
+                       "emptyDir usage exceeds")
+"""The kubelet's eviction messages for a pod past its own ephemeral-storage limits (a node
+low on a resource is evicting for the node's sake: not the pod's doing alone)."""
+
+
+def workload_failure(pod: Obj) -> str | None:
+    """Why ``pod`` died of its own workload, or None: evicted past its own storage
+    limits, or a container killed past its own memory limit (``OOMKilled``)."""
+    status = pod.get("status") or {}
+    message = str(status.get("message", ""))
+    if status.get("reason") == "Evicted" and any(m in message for m in OWN_LIMIT_EVICTIONS):
+        return f"evicted: {message}"
+    for cs in status.get("containerStatuses") or []:
+        for state in (cs.get("state") or {}, cs.get("lastState") or {}):
+            if (state.get("terminated") or {}).get("reason") == "OOMKilled":
+                return f"container {cs.get('name', '')} was killed past its memory limit"
+    return None
