@@ -25,6 +25,10 @@ class Case:
 
 
 CASES = [
+    Case("mistyped option", ("run", "--timout", "5", "--", "true"),
+         ("usage: rollbox run", "--timout (did you mean --timeout?)")),
+    Case("mistyped option of a nested command", ("simulate", "plan", "--image", "3"),
+         ("usage: rollbox simulate plan",)),
     Case("negative timeout", ("run", "--timeout", "-1", "--", "true"),
          ("argument --timeout", "positive")),
     Case("nan timeout", ("run", "--timeout", "nan", "--", "true"), ("argument --timeout",)),
@@ -89,6 +93,8 @@ CASES = [
     Case("run through a server without a token", ("run", "--url", "http://127.0.0.1:1", "--",
                                                    "true"),
          ("no token for the rollbox server", "ROLLBOX_TOKEN")),
+    Case("ps with no server ever started", ("ps",), ("no rollbox server has run here",
+                                                     "start one with `rollbox serve`")),
 ]
 
 
@@ -106,3 +112,4 @@ def test_bad_input_is_one_clear_line(rollbox: Rollbox, case: Case) -> None:
     lines = [line for line in result.stderr.splitlines() if line and not line.startswith(
         ("usage:", " "))]
     assert len(lines) == 1, f"one message, nothing stray: {result.stderr}"
+

@@ -24,6 +24,7 @@ from rollbox.errors import (
     ImageNotFoundError,
     ImageStoreFullError,
     InvalidSpecError,
+    UnsupportedSpecError,
 )
 from rollbox.spec import Network, Resources
 from rollbox_local import LocalBackend, LocalSandbox
@@ -406,6 +407,17 @@ async def test_unknown_image_names_the_ref(backend: LocalBackend, tmp_path: Path
 def test_invalid_specs_are_refused_before_any_backend(make: Callable[[], object]) -> None:
     with pytest.raises(InvalidSpecError):
         make()
+
+
+@pytest.mark.parametrize("limits", [{"memory_mb": 10 * 2**20}, {"cpus": 4096.0}],
+                         ids=["10-TiB-memory", "4096-cpus"])
+def test_a_limit_beyond_the_machine_is_refused_unless_best_effort(
+        backend: LocalBackend, limits: dict[str, float]) -> None:
+    (name, _), = limits.items()
+    with pytest.raises(UnsupportedSpecError, match=f"resources.{name}=.*more than this "
+                                                   "machine has.*best_effort"):
+        backend.check_spec(SandboxSpec(resources=Resources(**limits)))  # type: ignore[arg-type]
+    backend.check_spec(SandboxSpec(resources=Resources(**limits, best_effort=True)))  # type: ignore[arg-type]
 
 
 async def test_full_image_store_through_create(state_dir: Path, tmp_path: Path) -> None:

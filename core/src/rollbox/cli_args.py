@@ -14,9 +14,10 @@ subcommand below it, so a plugin's ``configure`` gets the same conventions for f
 from __future__ import annotations
 
 import argparse
+import difflib
 import math
 import posixpath
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 
@@ -37,16 +38,43 @@ class _SubcommandsAction(argparse._SubParsersAction):  # type: ignore[type-arg]
         if "help" in kwargs:
             kwargs.setdefault("description", kwargs["help"])
         parser: argparse.ArgumentParser = super().add_parser(name, **kwargs)
+        if isinstance(parser, CommandParser):
+            parser.is_subcommand = True
         return parser
 
 
+def unrecognized(parser: argparse.ArgumentParser, extras: list[str]) -> str:
+    """The error for arguments ``parser`` does not take, with the closest option it
+    does take for each mistyped one (``--timout``: did you mean ``--timeout``?)."""
+    known = [o for o in parser._option_string_actions if o.startswith("--")]
+    said = []
+    for extra in extras:
+        name = extra.split("=", 1)[0]
+        close = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
+        said.append(f"{extra} (did you mean {close[0]}?)"
+                    if name.startswith("-") and close else extra)
+    return "unrecognized arguments: " + " ".join(said)
+
+
 class CommandParser(argparse.ArgumentParser):
-    """An ArgumentParser whose subcommands follow the conventions above."""
+    """An ArgumentParser whose subcommands follow the conventions above; a subcommand
+    refuses an argument it does not take itself, with its own usage and the closest
+    option it has (not the top-level usage)."""
+
+    is_subcommand = False
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs.setdefault("formatter_class", DefaultsFormatter)
         super().__init__(*args, **kwargs)
         self.register("action", "parsers", _SubcommandsAction)
+
+    def parse_known_args(  # type: ignore[override]
+        self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
+    ) -> tuple[argparse.Namespace, list[str]]:
+        parsed, extras = super().parse_known_args(args, namespace)
+        if self.is_subcommand and extras:
+            self.error(unrecognized(self, extras))
+        return parsed, extras
 
 
 def _checked(what: str, convert: Callable[[str], Any],

@@ -32,6 +32,7 @@ from rollbox.errors import (
     ImageError,
     SandboxError,
     SnapshotFailedError,
+    UnsupportedSpecError,
 )
 from rollbox.sandbox import Capabilities, Snapshot
 from rollbox.spec import SandboxSpec
@@ -183,6 +184,25 @@ class LocalBackend(Backend):
             )
 
     # -- Backend API ---------------------------------------------------------------------
+
+    def check_spec(self, spec: SandboxSpec) -> None:
+        """Also refuse a limit beyond this machine (memory above its RAM, CPUs above its
+        cores): it could never hold, and is likelier a unit slip than a wish (accepted
+        as it is with ``resources.best_effort``)."""
+        super().check_spec(spec)
+        res = spec.resources
+        if res.best_effort:
+            return
+        machine = {"memory_mb": (_host_memory_mb(), "MiB of memory"),
+                   "cpus": (os.cpu_count() or 1, "CPUs")}
+        for name, (limit, what) in machine.items():
+            value = getattr(res, name)
+            if value is not None and limit and value > limit:
+                raise UnsupportedSpecError(
+                    f"SandboxSpec.resources.{name}={value} is more than this machine has "
+                    f"({limit} {what}): the limit could never hold; ask for at most "
+                    f"{limit}, or set resources.best_effort=True to accept it as it is",
+                    field=f"resources.{name}", backend=self.name)
 
     async def create(self, spec: SandboxSpec) -> LocalSandbox:
         self.check_spec(spec)
@@ -415,3 +435,15 @@ def _raise_nofile_limit() -> None:
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft < hard:
         resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+
+
+def _host_memory_mb() -> int:
+    """This machine's memory in MiB (0 where /proc/meminfo cannot tell)."""
+    try:
+        with open("/proc/meminfo") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemTotal:"):
+                    return int(line.split()[1]) // 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0

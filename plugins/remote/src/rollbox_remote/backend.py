@@ -94,7 +94,8 @@ class RemoteBackend(Backend):
             raise UsageError(f"cannot load the certificate authority {ca}: {exc}") from None
         self.client_id = secrets.token_hex(8)
         """This client on the server: its warm targets and hints, what it made."""
-        self.http = HttpClient(self.address, settings.resolve_token(token, token_file),
+        self.http = HttpClient(self.address, settings.resolve_token(token, token_file,
+                                                      local=self.url == settings.default_url()),
                                ssl_context=context, connect_timeout_s=connect_timeout_s,
                                client_id=self.client_id)
         self.owner = owner or f"{socket.gethostname()}:{os.getpid()}"

@@ -28,9 +28,11 @@ def default_token_file() -> Path:
     return Path(os.environ.get("ROLLBOX_TOKEN_FILE") or serve_dir() / "token")
 
 
-def resolve_token(token: str | None, token_file: str | Path | None) -> str:
+def resolve_token(token: str | None, token_file: str | Path | None, *,
+                  local: bool = False) -> str:
     """``token``, else ``$ROLLBOX_TOKEN``, else the first line of ``token_file`` (default
-    ``$ROLLBOX_TOKEN_FILE`` or the server's default token file)."""
+    ``$ROLLBOX_TOKEN_FILE`` or the server's default token file). ``local``: the server is
+    this machine's default one, so a missing default token file means none has run."""
     if token:
         return token
     if env := os.environ.get("ROLLBOX_TOKEN"):
@@ -38,6 +40,15 @@ def resolve_token(token: str | None, token_file: str | Path | None) -> str:
     path = Path(token_file) if token_file is not None else default_token_file()
     try:
         found = path.read_text().strip()
+    except FileNotFoundError:
+        if local and token_file is None and not os.environ.get("ROLLBOX_TOKEN_FILE"):
+            raise UsageError(
+                f"no rollbox server has run here (no token at {path}): start one with "
+                "`rollbox serve`, or reach yours with ROLLBOX_URL and ROLLBOX_TOKEN (or "
+                "ROLLBOX_TOKEN_FILE)") from None
+        raise UsageError(f"no token for the rollbox server: {path} does not exist; set "
+                         "ROLLBOX_TOKEN or ROLLBOX_TOKEN_FILE (`rollbox serve` prints where "
+                         "it wrote its token)") from None
     except OSError as exc:
         raise UsageError(
             f"no token for the rollbox server: cannot read {path} ({exc.strerror}); set "
