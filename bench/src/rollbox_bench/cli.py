@@ -213,16 +213,18 @@ def render_table(report: dict[str, Any]) -> str:
         f"corpus {w['corpus_bytes'] / MiB:.0f} MiB, store {w['image_capacity_bytes'] / MiB:.0f}"
         f" MiB, think {w.get('think_s', 0.0) * 1e3:.0f} ms between actions",
     ]
+    lines.append("TTFC = time to first command: a sandbox asked for → its first command's "
+                 "result; lower is better")
     header = f"{'':<22}" + "".join(f"{n:>14}" for n in names)
     both = len(names) == 2
     if both:
-        header += f"{'ratio':>12}"
+        header += f"{f'{names[0]}/{names[1]}':>20}"
     lines.append(header)
 
     def row(label: str, values: list[float], fmt: str, ratio: float | None = None) -> None:
         text = f"{label:<22}" + "".join(f"{_fmt(v, fmt):>14}" for v in values)
         if both:
-            text += f"{'' if ratio is None else f'{ratio:.1f}x':>12}"
+            text += f"{'' if ratio is None else f'{ratio:.1f}x':>20}"
         lines.append(text)
 
     ratios = report.get("ratios", {})
@@ -251,12 +253,27 @@ def render_table(report: dict[str, Any]) -> str:
         [arms[n]["rss_bytes"]["peak"] / MiB for n in names], ".0f")
     accounted = all(arms[n]["rollouts"]["accounted"] for n in names)
     lines.append(f"every rollout accounted: {'yes' if accounted else 'NO'}")
+    conclusion = _conclusion(arms, names, ratios)
+    if conclusion:
+        lines.append(conclusion)
     left = {n: arms[n].get("leftovers") for n in names}
     if any(v is not None for v in left.values()):
         text = ", ".join(f"{n} {len(v)}" for n, v in left.items() if v is not None)
         clean = not any(left.values())
         lines.append(f"left behind on the backend: {'nothing' if clean else text}")
     return "\n".join(lines)
+
+
+def _conclusion(arms: dict[str, Any], names: list[str], ratios: dict[str, float]
+                ) -> str:
+    """One sentence on what the run shows (both arms ran)."""
+    if names != ["baseline", "rollbox"] or not ratios.get("ttfc_mean"):
+        return ""
+    base, ours = arms["baseline"], arms["rollbox"]
+    return (f"rollbox's first commands came {ratios['ttfc_mean']:.1f}x sooner on average "
+            f"(slowest {_fmt(ratios.get('ttfc_max', math.nan), '.1f')}x sooner), with "
+            f"{ours['creations_per_rollout']:.2f} sandbox creations per rollout against the "
+            f"baseline's {base['creations_per_rollout']:.2f}.")
 
 
 def _fmt(value: float, fmt: str) -> str:
@@ -302,10 +319,12 @@ def plot_ttfc(report: dict[str, Any], path: Path) -> None:
             continue
         ys = [(i + 1) / len(samples) for i in range(len(samples))]
         ax.step(samples, ys, where="post", label=f"{arm} (max {max(samples):.0f} ms)")
+    w = report["workload"]
     ax.set_xscale("log")
-    ax.set_xlabel("time to first command (ms)")
-    ax.set_ylabel("fraction of sandboxes")
-    ax.set_title("rollbox bench: TTFC distribution")
+    ax.set_xlabel("time to first command, ms (lower is better)")
+    ax.set_ylabel("share of rollouts")
+    ax.set_title(f"rollbox bench: {w['images']} images x {w['rollouts_per_task']} rollouts "
+                 f"on {w['backend']!r}")
     ax.grid(True, which="both", alpha=0.3)
     ax.legend()
     fig.tight_layout()
