@@ -101,7 +101,7 @@ async def run_rollbox(arm: str, plane: ControlPlane, kubeconfig: str,
     backend = KubernetesBackend(kubeconfig=kubeconfig, namespace=plane.namespace,
                                 run_id=f"bench-{arm}", mode="pod" if arm == "pods" else "claim",
                                 transport="http", qps=args.qps, burst=args.burst,
-                                adaptive_pacing=not args.fixed_pacing,
+                                adaptive_pacing=args.adaptive_pacing,
                                 runtime_wait_s=args.runtime_wait)
     tasks = [Task(f"t{i}", spec_for(i), policy=one_command) for i in range(args.tasks)]
     policy: PoolPolicy
@@ -312,11 +312,11 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     parser.add_argument("--rollouts", type=int, default=4)
     parser.add_argument("--concurrency", type=int, default=64)
     parser.add_argument("--nodes", type=int, default=10)
-    parser.add_argument("--qps", type=float, default=100.0,
-                        help="the client's pacing: the cap of its adaptive rate")
+    parser.add_argument("--qps", type=float, default=20.0,
+                        help="the client's pacing (with --adaptive-pacing: its cap)")
     parser.add_argument("--burst", type=int, default=40)
-    parser.add_argument("--fixed-pacing", action="store_true",
-                        help="pace at --qps always (the code before adaptive pacing)")
+    parser.add_argument("--adaptive-pacing", action="store_true",
+                        help="follow the API server's signals up to --qps (AdaptiveRate)")
     parser.add_argument("--agent-starting", type=int, default=16,
                         help="pods the node agent starts at once")
     parser.add_argument("--runtime-wait", type=float, default=120.0,

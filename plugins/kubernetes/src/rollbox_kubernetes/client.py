@@ -96,7 +96,7 @@ _LIMITERS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[str, TokenB
 )
 
 
-def shared_limiter(server: str, qps: float, burst: int, *, adaptive: bool = True
+def shared_limiter(server: str, qps: float, burst: int, *, adaptive: bool = False
                    ) -> TokenBucket:
     """The one limiter of this event loop for ``server`` (created on first use): an
     ``AdaptiveRate`` capped at ``qps``, or with ``adaptive=False`` a fixed ``qps``."""
@@ -136,9 +136,9 @@ class KubeClient:
         self,
         api: ApiClient,
         *,
-        qps: float = 100.0,
+        qps: float = 20.0,
         burst: int = 40,
-        adaptive: bool = True,
+        adaptive: bool = False,
         max_retries: int = 6,
         backoff_s: float = 0.2,
         max_backoff_s: float = 8.0,
