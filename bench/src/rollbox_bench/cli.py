@@ -270,10 +270,21 @@ def _conclusion(arms: dict[str, Any], names: list[str], ratios: dict[str, float]
     if names != ["baseline", "rollbox"] or not ratios.get("ttfc_mean"):
         return ""
     base, ours = arms["baseline"], arms["rollbox"]
-    return (f"rollbox's first commands came {ratios['ttfc_mean']:.1f}x sooner on average "
-            f"(slowest {_fmt(ratios.get('ttfc_max', math.nan), '.1f')}x sooner), with "
+    return (f"rollbox's first commands came {_sooner(ratios['ttfc_mean'])} on average "
+            f"(the slowest {_sooner(ratios.get('ttfc_max', math.nan))}), with "
             f"{ours['creations_per_rollout']:.2f} sandbox creations per rollout against the "
             f"baseline's {base['creations_per_rollout']:.2f}.")
+
+
+def _sooner(ratio: float) -> str:
+    """`baseline/rollbox` as words: "2.8x sooner", "2.5x later", "no sooner"."""
+    if math.isnan(ratio) or ratio <= 0:
+        return "-"
+    if ratio >= 1.05:
+        return f"{ratio:.1f}x sooner"
+    if ratio <= 1 / 1.05:
+        return f"{1 / ratio:.1f}x later"
+    return "no sooner"
 
 
 def _fmt(value: float, fmt: str) -> str:
