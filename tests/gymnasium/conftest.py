@@ -15,7 +15,7 @@ import pytest
 import rollbox_gymnasium
 from rollbox import plugins
 from rollbox.envs import Task
-from rollbox.errors import SandboxFileNotFoundError, SandboxLostError
+from rollbox.errors import SandboxFileNotFoundError, SandboxLostError, WorkloadError
 from rollbox.hookspecs import hookimpl
 from rollbox.sandbox import ExecRequest, ExecResult, Sandbox
 from rollbox.spec import SandboxSpec
@@ -24,8 +24,10 @@ from rollbox.testing.fake import resolve_path
 
 
 async def fake_shell(sandbox: FakeSandbox, request: ExecRequest) -> ExecResult:
-    """The fake backend's tiny shell plus ``touch``, ``big N`` and ``explode``; anything
-    else (including random text that does not even parse) is 'not found', exit 127."""
+    """The fake backend's tiny shell plus ``touch``, ``big N``, ``explode`` (the sandbox
+    is lost: infrastructure) and ``crash`` (the command broke its own sandbox, as a real
+    backend says of a memory fill that kills its init); anything else (including random
+    text that does not even parse) is 'not found', exit 127."""
     command = request.argv[2] if request.argv[:2] == ("/bin/sh", "-c") else None
     try:
         words = shlex.split(command) if command is not None else list(request.argv)
@@ -40,6 +42,9 @@ async def fake_shell(sandbox: FakeSandbox, request: ExecRequest) -> ExecResult:
         return ExecResult(0, stdout=b"x" * int(words[1]))
     if name == "explode":
         raise SandboxLostError("the fake sandbox exploded", sandbox_id=sandbox.id)
+    if name == "crash":
+        raise WorkloadError("its processes exhausted its memory", sandbox_id=sandbox.id,
+                            cause="memory")
     if name in {"", "true", "false", "exit", "echo", "pwd", "env", "cat", "sleep"}:
         return await builtin_handler(sandbox, request)
     return ExecResult(127, stderr=f"sh: {name[:40]!r}: not found\n".encode())

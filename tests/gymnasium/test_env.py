@@ -66,6 +66,21 @@ def test_sandbox_failure_truncates_without_fake_reward(fake_backend: FakeBackend
     env.close()
 
 
+def test_a_sandbox_the_episode_broke_ends_it_scored(fake_backend: FakeBackend) -> None:
+    """The episode's own command broke its sandbox (its memory): that is how it ended,
+    scored as the task says (0.0), terminated rather than truncated as infrastructure."""
+    env = make(fake_backend)
+    _, info = env.reset(seed=0)
+    broken = info["sandbox_id"]
+    obs, reward, terminated, truncated, info = env.step("crash")
+    assert (reward, terminated, truncated) == (0.0, True, False)
+    assert info["workload_failure"] == "workload" and "failure_kind" not in info
+    assert info["verifier"]["cause"] == "memory"
+    assert "broke its sandbox" in obs
+    assert broken not in fake_backend.live  # closed, never reused
+    env.close()
+
+
 def test_verifier_failure_is_a_failure_too(fake_backend: FakeBackend) -> None:
     source = ShellTaskSource([ShellTask(id="t", prompt="p", check="explode")])
     env = SandboxEnv(source, backend=fake_backend)

@@ -38,8 +38,14 @@ class Listed:
     def live(self) -> Sequence[Runtime]:
         return list(self.runtimes.values())
 
+    async def check(self, runtimes: Sequence[Runtime]) -> None:
+        self.calls.append("check " + " ".join(r.runtime_id for r in runtimes))
+
     def warm_ready(self) -> int:
         return 2
+
+    def failure_counts(self) -> dict[str, int]:
+        return {"workload": 1}
 
     async def pause(self, runtime: Runtime) -> None:
         self.calls.append(f"pause {runtime.runtime_id}")
@@ -104,9 +110,13 @@ async def test_routes_and_auth() -> None:
     for action in ("pause", "resume", "stop"):
         reply = await api.handle("POST", f"/{action}", [], KEY, b'{"runtime_id": "rt-0"}')
         assert reply.status == 200
-    assert runtimes.calls == ["pause rt-0", "resume rt-0", "stop rt-0"]
+    # Every read of runtimes checks them first (their agent-servers may have died).
+    assert runtimes.calls == ["check rt-0", "check rt-0",
+                              "pause rt-0", "resume rt-0", "stop rt-0"]
     assert (await api.handle("POST", "/stop", [], KEY, b'{"runtime_id": "rt-0"}')).status == 404
     assert (await api.handle("POST", "/stop", [], KEY, b"{}")).status == 400
     assert (await api.handle("GET", "/list", [], KEY, b"")).body == {"runtimes": []}
     assert (await api.handle("DELETE", "/list", [], KEY, b"")).status == 405
     assert (await api.handle("GET", "/rollbox/warm", [], KEY, b"")).body == {"ready": 2}
+    assert (await api.handle("GET", "/rollbox/failures", [], KEY, b"")).body == {
+        "workload": 1, "infra": 0}

@@ -23,8 +23,10 @@ from nemo_gym.server_utils import ServerClient
 from nemo_gym.testing.session_conformance import check_resources_session_contract
 from ng_support import leftovers, sandbox_processes, shared_pools
 from omegaconf import OmegaConf
-from rollbox.envs import load_tasks
-from rollbox.errors import UsageError
+from rollbox.envs import SUBMIT, load_tasks
+from rollbox.errors import UsageError, WorkloadError
+from rollbox.sandbox import ExecRequest, ExecResult
+from rollbox.testing import FakeSandbox, builtin_handler
 from rollbox_nemo_gym import GYM_ROOT, dataset
 from rollbox_nemo_gym.server import RollboxEnvConfig, RollboxResourcesServer
 
@@ -101,10 +103,9 @@ def test_an_episode_of_the_synthetic_environment_through_the_routes() -> None:
         verified = client.post("/verify", json=verify_body())
         assert verified.json()["reward"] == 1.0 and verified.json()["mask_sample"] is False
 
-        # the verdict ended the episode: a second one is no reward, and says why
+        # the verdict ended the episode: asked again, /verify says the same
         again = client.post("/verify", json=verify_body())
-        assert again.json()["mask_sample"] is True
-        assert again.json()["failure_kind"] == "rollbox:usage"
+        assert again.json()["reward"] == 1.0 and again.json()["mask_sample"] is False
 
         closed = client.post("/close_session", json={
             "resources_session_id": "session-0", "episode_id": {"rollout_id": "session-0-rollout"}})
@@ -113,6 +114,49 @@ def test_an_episode_of_the_synthetic_environment_through_the_routes() -> None:
         assert gone.status_code == 404
     assert shared_pools() == []
     assert sandbox_processes() == []
+
+
+def _seeded(client: TestClient, task_id: str) -> None:
+    seeded = client.post("/seed_session", json=seed("shell", task_id).model_dump(mode="json"))
+    assert seeded.status_code == 200, seeded.text
+
+
+def test_an_episode_that_submits_keeps_its_verdict_at_verify() -> None:
+    """A failing episode that calls ``submit`` is judged then; /verify (which NeMo Gym
+    calls at the end of every rollout) gives that verdict, never a masked sample."""
+    rollbox_server = server("shell", keep_warm_s=0)
+    with TestClient(rollbox_server.setup_webserver()) as client:
+        _seeded(client, "shell/count-lines")
+        submitted = client.post("/run_command", json={"command": SUBMIT}).json()
+        assert (submitted["reward"], submitted["terminated"]) == (0.0, True), submitted
+        for _ in range(2):
+            verified = client.post("/verify", json=verify_body()).json()
+            assert (verified["reward"], verified["mask_sample"]) == (0.0, False), verified
+    assert shared_pools() == []
+    assert sandbox_processes() == []
+
+
+async def crash_when_asked(sandbox: FakeSandbox, request: ExecRequest) -> ExecResult:
+    """The fake backend's shell, where ``crash`` breaks the sandbox as a real backend
+    reports a rollout that filled its memory (WorkloadError)."""
+    if request.argv[-1] == "crash":
+        raise WorkloadError("its processes exhausted its memory", sandbox_id=sandbox.id,
+                            cause="memory")
+    return await builtin_handler(sandbox, request)
+
+
+def test_an_episode_that_breaks_its_sandbox_is_scored_not_masked() -> None:
+    rollbox_server = server("shell", keep_warm_s=0, backend="fake",
+                            backend_options={"handler": crash_when_asked})
+    with TestClient(rollbox_server.setup_webserver()) as client:
+        _seeded(client, "shell/hello-file")
+        crashed = client.post("/run_command", json={"command": "crash"}).json()
+        assert (crashed["reward"], crashed["terminated"], crashed["truncated"]) == (
+            0.0, True, False), crashed
+        assert crashed["workload_failure"] == "workload" and crashed["failure_kind"] is None
+        verified = client.post("/verify", json=verify_body()).json()
+        assert (verified["reward"], verified["mask_sample"]) == (0.0, False), verified
+    assert shared_pools() == []
 
 
 def test_an_agent_seed_by_task_id_closes_at_verify() -> None:

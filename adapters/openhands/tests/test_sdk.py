@@ -166,7 +166,29 @@ def test_source_target_warm_starts_and_fresh_keys(sdk_image: str, openhands_serv
                              headers={"X-Session-API-Key": key}).status_code == 401
     keys = [key for _, _, key in seen]
     assert len(set(keys)) == len(keys), "a session key was handed out twice"
+    # The rollout ends its own agent-server: its runtime reads failed, by its own doing
+    # (not retryable), and /stop closes that sandbox rather than reset it for another.
+    with workspace() as doomed:
+        ended = doomed.execute_command(
+            "kill -9 $(cut -d' ' -f2 /tmp/rollbox-openhands/boot)")
+        assert ended.exit_code == -1, ended
+        runtime = _read_until_failed(api, doomed.session_id)
+        assert runtime["rollbox_failure"] == {"kind": "workload", "cause": "agent-server",
+                                              "retryable": False}
+    assert httpx.get(f"{api.url}/rollbox/failures", headers=headers).json() == {
+        "workload": 1, "infra": 0}
     assert httpx.get(f"{api.url}/list", headers=headers).json() == {"runtimes": []}
+
+
+def _read_until_failed(api, session_id: str) -> dict:
+    deadline = time.monotonic() + 30
+    while True:
+        runtime = httpx.get(f"{api.url}/sessions/{session_id}",
+                            headers={"X-API-Key": api.api_key}).json()
+        if runtime["status"] != "running" or time.monotonic() > deadline:
+            assert (runtime["status"], runtime["pod_status"]) == ("error", "failed"), runtime
+            return runtime
+        time.sleep(0.5)
 
 
 def test_rollbox_workspace_runs_in_a_rollbox_sandbox(sdk_image: str,

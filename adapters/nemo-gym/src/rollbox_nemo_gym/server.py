@@ -17,7 +17,10 @@ Sessions are keyed by NeMo Gym's ``resources_session_id`` (an Environment Server
 seed) or, for an agent's seed with a ``task_id``, by the session cookie; the typed seed
 sets the cookie to its id, so tool calls and ``/verify`` find it either way. A sandbox
 failure is never a reward: ``/verify`` answers ``mask_sample=True`` with the failure's
-kind, and a tool call says ``failure_kind``.
+kind, and a tool call says ``failure_kind``. An episode that ended in a tool call (its
+``submit``, or its own commands breaking its sandbox) keeps that ending: ``/verify``
+answers the reward it earned then, unmasked, however often it is asked, so ending an
+episode early never takes a sample out of training.
 
 Run it like any NeMo Gym server (``configs/rollbox_env.yaml`` in this package)::
 
@@ -108,11 +111,21 @@ class RunCommandResponse(BaseModel):
     """The episode's own commands broke its sandbox: an outcome, scored (``reward``)."""
 
 
+@dataclass(frozen=True)
+class _Ending:
+    """How an episode ended: its reward, or the sandbox failure that masks it."""
+
+    reward: float
+    failure: RollboxError | None = None
+
+
 @dataclass
 class _Episode:
     session: Session
     task: Task
     episode_id: EpisodeId | None  # None: an agent's seed, keyed by its cookie
+    ending: _Ending | None = None
+    """Set once the episode has its final verdict (or failed): what ``/verify`` says."""
 
 
 class RollboxResourcesServer(SimpleResourcesServer):
@@ -192,6 +205,8 @@ class RollboxResourcesServer(SimpleResourcesServer):
             transition = await self._call(episode.session.step(body.command))
         except UsageError as error:
             raise HTTPException(409, error.message) from error
+        if episode.session.task is None:  # the episode ended in this call
+            episode.ending = _Ending(transition.reward, transition.failure)
         if transition.failure is not None:
             return RunCommandResponse(
                 output=f"rollbox: the sandbox failed: {transition.failure.message}",
@@ -225,15 +240,21 @@ class RollboxResourcesServer(SimpleResourcesServer):
             raise HTTPException(404, "no episode in this session: call /seed_session first")
         fields = body.model_dump()
         try:
-            judgement = await self._call(episode.session.verify())
-        except RollboxError as error:
-            return BaseVerifyResponse(**fields, reward=0.0, mask_sample=True,
-                                      failure_kind=f"rollbox:{error.kind}",
-                                      failure_reason=error.message)
+            if episode.ending is None:
+                try:
+                    judgement = await self._call(episode.session.verify())
+                    episode.ending = _Ending(float(judgement.reward))
+                except RollboxError as error:
+                    episode.ending = _Ending(0.0, error)
+            ending = episode.ending
         finally:
             if episode.episode_id is None:  # an agent's episode: no close_session follows
                 await self._end(str(key))
-        return BaseVerifyResponse(**fields, reward=float(judgement.reward))
+        if ending.failure is not None:
+            return BaseVerifyResponse(**fields, reward=0.0, mask_sample=True,
+                                      failure_kind=f"rollbox:{ending.failure.kind}",
+                                      failure_reason=ending.failure.message)
+        return BaseVerifyResponse(**fields, reward=ending.reward)
 
     async def close_resources_session(  # type: ignore[override, unused-ignore]
         self, request: Request, body: ResourcesCloseSessionRequest

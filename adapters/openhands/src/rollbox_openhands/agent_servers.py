@@ -33,7 +33,9 @@ import asyncio
 import contextlib
 import logging
 import secrets
+import time
 import uuid
+from collections import Counter
 from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,8 +45,10 @@ import aiohttp
 from rollbox.errors import (
     CapabilityNotSupportedError,
     CreateFailedError,
+    ExecTimeoutError,
     RollboxError,
     SandboxError,
+    WorkloadError,
 )
 from rollbox.pool import Lease, Outcome, Pool
 from rollbox.sandbox import Endpoint
@@ -52,7 +56,7 @@ from rollbox.spec import FrozenMap, Network, Resources, SandboxSpec, Timeouts
 
 from rollbox_openhands.door import Door
 from rollbox_openhands.egress import RELAY, Egress
-from rollbox_openhands.runtime_api import Runtime, StartRequest
+from rollbox_openhands.runtime_api import Failure, Runtime, StartRequest
 
 _log = logging.getLogger(__name__)
 
@@ -107,6 +111,13 @@ echo "$port $key $relay"
 """.replace("$BOOT_DIR", BOOT_DIR)
 """Run at hand-out: checks the agent-server still runs, names the sandbox, prints
 ``PORT KEY RELAY`` (RELAY: the LLM relay's control port, or ``-``)."""
+
+ALIVE = r"""
+read -r port pid key < "$BOOT_DIR/boot" && kill -0 "$pid" 2>/dev/null
+""".replace("$BOOT_DIR", BOOT_DIR)
+"""Exits 0 while the handed-out agent-server runs."""
+CHECK_INTERVAL_S = 1.0
+"""A runtime read more often than this is answered with what its last check found."""
 
 _SIGNAL_ALL = r"""
 keep=" 1 $$ "; p=$PPID
@@ -199,6 +210,7 @@ class _Active:
     booting: asyncio.Task[Booted] | None = None
     door: Door | None = None
     paused: bool = False
+    checked_at: float = -CHECK_INTERVAL_S
 
 
 class AgentServers:
@@ -232,6 +244,7 @@ class AgentServers:
         self._sessions: dict[str, str] = {}  # session id -> runtime id
         self._http: aiohttp.ClientSession | None = None
         self._giving_back: set[asyncio.Task[None]] = set()
+        self._failures: Counter[str] = Counter()
         self._closed = False
 
     # -- the Runtimes protocol ---------------------------------------------------------
@@ -284,6 +297,52 @@ class AgentServers:
     def warm_ready(self) -> int:
         return sum(self.pool.idle_count(spec) for spec in self._targets)
 
+    def failure_counts(self) -> Mapping[str, int]:
+        return dict(self._failures)
+
+    async def check(self, runtimes: Sequence[Runtime]) -> None:
+        """Ask each running, handed-out runtime's sandbox whether its agent-server still
+        runs (at most every CHECK_INTERVAL_S). One that does not is the workload's doing
+        when its sandbox lives on, or when the backend says the workload broke it; the
+        infrastructure's when the sandbox was lost."""
+        now = time.monotonic()
+        due = [a for a in (self._active.get(r.runtime_id) for r in runtimes)
+               if a is not None and a.booted is not None and not a.paused
+               and a.runtime.status == "running" and now - a.checked_at >= CHECK_INTERVAL_S]
+        for active in due:
+            active.checked_at = now
+        await asyncio.gather(*(self._check(a) for a in due))
+
+    async def _check(self, active: _Active) -> None:
+        assert active.booted is not None
+        sandbox = active.booted.lease.sandbox
+        try:
+            alive = await sandbox.exec(["/bin/sh", "-c", ALIVE], timeout=30)
+        except ExecTimeoutError:
+            return  # a busy sandbox is not a dead one: asked again at the next read
+        except WorkloadError as exc:
+            self._failed(active, exc.message, Failure("workload", exc.cause, False))
+            return
+        except SandboxError as exc:
+            self._failed(active, exc.message, Failure("infra", exc.kind, exc.retryable))
+            return
+        if not alive.ok:
+            self._failed(active, (
+                f"the agent-server in sandbox {sandbox.id} exited while its sandbox lives "
+                "on: the rollout's own commands killed it, or exhausted its memory "
+                f"(memory_mb={sandbox.spec.resources.memory_mb}); this counts as the "
+                "rollout's outcome"), Failure("workload", "agent-server", False))
+
+    def _failed(self, active: _Active, message: str, failure: Failure) -> None:
+        runtime = active.runtime
+        if runtime.failure is not None or runtime.runtime_id not in self._active:
+            return
+        runtime.status, runtime.pod_status = "error", "failed"
+        runtime.error, runtime.failure = message, failure
+        self._failures[failure.kind] += 1
+        _log.warning("runtime %s (session %s) failed: %s", runtime.runtime_id,
+                     runtime.session_id, message)
+
     async def pause(self, runtime: Runtime) -> None:
         """Freeze every process of the sandbox (SIGSTOP: memory is kept, no CPU is
         used) but rollbox's own; ``resume`` continues them (SIGCONT)."""
@@ -317,14 +376,15 @@ class AgentServers:
         if active.door is not None:
             await active.door.close()
         if active.booted is not None:
-            self._background(self._give_back(active.booted, active.paused))
+            outcome = Outcome.OK if runtime.failure is None else Outcome.BROKEN
+            self._background(self._give_back(active.booted, active.paused, outcome))
 
-    async def _give_back(self, booted: Booted, paused: bool) -> None:
+    async def _give_back(self, booted: Booted, paused: bool, outcome: Outcome) -> None:
         if paused:
             with contextlib.suppress(RollboxError):
                 await self._signal_all(booted, "CONT")
         await self._save_log(booted)
-        await self._release(booted, Outcome.OK)
+        await self._release(booted, outcome)
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -469,6 +529,9 @@ class AgentServers:
         if error is not None:
             runtime.status, runtime.pod_status = "error", "failed"
             runtime.error = runtime.logs = getattr(error, "message", str(error))
+            runtime.failure = Failure("infra", getattr(error, "kind", "boot"),
+                                      getattr(error, "retryable", True))
+            self._failures["infra"] += 1
             _log.warning("agent-server for %s failed to boot: %s", runtime.session_id, error)
             return
         self._handed(active, task.result())

@@ -9,11 +9,16 @@ from a service speaking this API. Every call carries ``X-API-Key``:
     GET  /sessions/batch   ?ids=a&ids=b -> a list of runtimes (unknown ids left out)
     GET  /list             {"runtimes": [...]}: the live ones
     GET  /rollbox/warm     {"ready": N}: booted agent-servers waiting (rollbox's own)
+    GET  /rollbox/failures {"workload": N, "infra": M}: runtimes lost so far, by whose
+                           doing (rollbox's own)
     POST /pause|/resume|/stop   {"runtime_id": ...}
 
 A runtime object carries both vocabularies its clients read: ``status`` (the app server:
 running | paused | starting | error; anything else is "missing") and ``pod_status``
 (the SDK: it waits for "ready"; pending/running are transient, failed is fatal).
+Reading a running runtime first checks its agent-server still runs: one that died is
+``error``/``failed`` from then on, and ``rollbox_failure`` says whose doing that was
+(``workload``: the rollout's own commands, not retryable; ``infra``: retryable).
 
 ``RuntimeAPI.handle`` maps one request to one ``Reply``; a web framework only has to
 pass the method, path, query, headers and body along (see ``rollbox_openhands.server``).
@@ -86,6 +91,17 @@ class StartRequest:
                    resource_factor=int(factor))
 
 
+@dataclass(frozen=True)
+class Failure:
+    """Whose doing a runtime's loss was: ``workload`` (its own commands exhausted its
+    limits or killed its agent-server: the rollout's outcome, not to be retried away) or
+    ``infra`` (the sandbox was lost: retry on a fresh one)."""
+
+    kind: str
+    cause: str
+    retryable: bool
+
+
 @dataclass
 class Runtime:
     """One agent-server handed out by ``/start``, as the clients see it."""
@@ -100,6 +116,8 @@ class Runtime:
     sandbox_id: str | None = None
     error: str | None = None
     logs: str = ""
+    failure: Failure | None = None
+    """Why a handed-out runtime's agent-server is gone, once it is found gone."""
 
     def to_json(self) -> dict[str, Any]:
         data: dict[str, Any] = {
@@ -111,6 +129,10 @@ class Runtime:
         if self.error:
             data["error"] = self.error
             data["pod_logs"] = self.logs[-8000:]
+        if self.failure is not None:
+            data["rollbox_failure"] = vars(self.failure).copy()
+            if self.failure.cause == "memory":  # the word Kubernetes' runtimes report
+                data["restart_reasons"] = ["OOMKilled"]
         return data
 
 
@@ -125,8 +147,16 @@ class Runtimes(Protocol):
 
     def live(self) -> Sequence[Runtime]: ...
 
+    async def check(self, runtimes: Sequence[Runtime]) -> None:
+        """Bring the running ones of ``runtimes`` up to date: an agent-server that died
+        makes its runtime ``error``/``failed`` with its ``failure``."""
+
     def warm_ready(self) -> int:
         """Booted agent-servers waiting for a /start (of any kind)."""
+        ...
+
+    def failure_counts(self) -> Mapping[str, int]:
+        """Runtimes found failed so far, by ``Failure.kind``."""
         ...
 
     async def pause(self, runtime: Runtime) -> None: ...
@@ -168,7 +198,7 @@ class RuntimeAPI:
         path = "/" + path.strip("/")
         try:
             if method == "GET":
-                return self._get(path, query)
+                return await self._get(path, query)
             if method == "POST":
                 return await self._post(path, body)
         except StartRequestError as exc:
@@ -178,18 +208,25 @@ class RuntimeAPI:
             return _error(status, exc.message)
         return _error(405, f"{method} is not part of the Runtime API")
 
-    def _get(self, path: str, query: Sequence[tuple[str, str]]) -> Reply:
-        if path == "/list":
-            return Reply(200, {"runtimes": [r.to_json() for r in self.runtimes.live()]})
+    async def _get(self, path: str, query: Sequence[tuple[str, str]]) -> Reply:
         if path == "/rollbox/warm":  # rollbox's own: not part of OpenHands' API
             return Reply(200, {"ready": self.runtimes.warm_ready()})
+        if path == "/rollbox/failures":  # rollbox's own
+            return Reply(200, {"workload": 0, "infra": 0, **self.runtimes.failure_counts()})
+        if path == "/list":
+            found = list(self.runtimes.live())
+            await self.runtimes.check(found)
+            return Reply(200, {"runtimes": [r.to_json() for r in found]})
         if path == "/sessions/batch":
-            found = (self.runtimes.by_session(v) for k, v in query if k == "ids")
-            return Reply(200, [r.to_json() for r in found if r is not None])
+            batch = [self.runtimes.by_session(v) for k, v in query if k == "ids"]
+            found = [r for r in batch if r is not None]
+            await self.runtimes.check(found)
+            return Reply(200, [r.to_json() for r in found])
         if path.startswith("/sessions/") and path.count("/") == 2:
             runtime = self.runtimes.by_session(path.removeprefix("/sessions/"))
             if runtime is None:
                 return _error(404, "no runtime for this session")
+            await self.runtimes.check([runtime])
             return Reply(200, runtime.to_json())
         return _error(404, f"no route {path}")
 
