@@ -45,7 +45,7 @@ def test_the_api_server_admits_its_rate_and_refuses_the_rest() -> None:
 
 
 def _node(**model: float) -> Node:
-    node = Node("node-0", ClusterModel(**model))  # type: ignore[arg-type]
+    node = Node.of("node-0", ClusterModel(**model))  # type: ignore[arg-type]
     node.start()
     return node
 

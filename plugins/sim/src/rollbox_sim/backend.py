@@ -83,7 +83,7 @@ class SimBackend(Backend):
         await self.write("create")
         node = await self._schedule(spec.image)
         node.running += 1
-        node.in_use[spec.image] += 1
+        node.hold(spec.image)
         sandbox = SimSandbox(self, f"sim-{next(self._ids)}", spec, node)
         try:
             await node.image(spec.image, self.size_of(spec.image), ahead=ahead_of_need())
@@ -251,10 +251,7 @@ class SimSandbox(Sandbox):
             return
         self._released = True
         self.node.running -= 1
-        self.node.in_use[self.spec.image] -= 1
-        if self.node.in_use[self.spec.image] <= 0:
-            del self.node.in_use[self.spec.image]
-            self.node.reserved.discard(self.spec.image)
+        self.node.release(self.spec.image)
         room = self.backend.cluster.room
         async with room:
             room.notify_all()

@@ -1,5 +1,6 @@
 """The simulated cluster: an API server that admits writes at a rate, nodes whose image
-filesystem fills, pulls and is garbage-collected like a kubelet's, and a scheduler.
+filesystem fills, pulls and is garbage-collected like a kubelet's (``rollbox.imagedisk``),
+and a scheduler.
 
 Everything happens in the running loop's (virtual) time; nothing here sleeps for real.
 """
@@ -8,11 +9,11 @@ from __future__ import annotations
 
 import asyncio
 import random
-from collections import Counter, OrderedDict
+from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from rollbox.errors import ImageError
+from rollbox.imagedisk import ImageDisk
 from rollbox.placement import NodeImages
 
 from rollbox_sim.model import ClusterModel
@@ -50,119 +51,25 @@ class ApiServer:
 
 
 @dataclass
-class _Pull:
-    image: str
-    size: int
-    done: asyncio.Future[None]
-    ahead: bool
-    """A prepull (nobody waits for it yet)."""
-    started: bool = False
-    """Its bytes are arriving (queued pulls take no disk yet)."""
+class Node(ImageDisk):
+    """One node: sandbox slots and an image filesystem (``rollbox.imagedisk``, shared
+    with the Kubernetes test cluster's node agent)."""
 
-
-@dataclass
-class Node:
-    """One node: sandbox slots and an image filesystem."""
-
-    name: str
-    model: ClusterModel
+    slots: int = 1
     running: int = 0
-    images: OrderedDict[str, int] = field(default_factory=OrderedDict)
-    """Present images → size, least recently used first."""
-    in_use: Counter[str] = field(default_factory=Counter)
-    reserved: set[str] = field(default_factory=set)
-    """Prepulled images the planner wants kept until they are used."""
-    pulls: dict[str, _Pull] = field(default_factory=dict)
-    queue: asyncio.Queue[_Pull] = field(default_factory=asyncio.Queue)
-    workers: list[asyncio.Task[None]] = field(default_factory=list)
-    stats: Counter[str] = field(default_factory=Counter)
-    on_change: Callable[[], None] = lambda: None
-    """Called when an image arrives or leaves (the cluster's version moves on)."""
 
-    @property
-    def used(self) -> int:
-        """Bytes on the image disk: images, and the pulls under way."""
-        return sum(self.images.values()) + sum(p.size for p in self.pulls.values() if p.started)
+    @classmethod
+    def of(cls, name: str, model: ClusterModel) -> Node:
+        return cls(name, capacity=model.disk_bytes, pull_bytes_per_s=model.pull_bytes_per_s,
+                   parallel_pulls=model.parallel_pulls, gc_high=model.gc_high,
+                   gc_low=model.gc_low, slots=model.slots_per_node)
 
     @property
     def free_slots(self) -> int:
-        return self.model.slots_per_node - self.running
+        return self.slots - self.running
 
-    def view(self) -> NodeImages:
-        """What ``Node.status`` and the kubelet say of this node's images."""
-        return NodeImages(self.name, capacity=self.model.disk_bytes,
-                          present=dict(self.images),
-                          pulling={p.image: p.size for p in self.pulls.values()},
-                          in_use=set(self.in_use), free_slots=self.free_slots)
-
-    def start(self) -> None:
-        for _ in range(self.model.parallel_pulls):
-            self.workers.append(asyncio.ensure_future(self._puller()))
-
-    def stop(self) -> None:
-        for worker in self.workers:
-            worker.cancel()
-
-    async def image(self, image: str, size: int, *, ahead: bool = False) -> bool:
-        """Have ``image`` here; True if it had to be pulled (and, not ``ahead``, someone
-        waited for it: a pull on the critical path). Raises ImageError when it can never
-        fit this node's disk."""
-        if image in self.images:
-            self.images.move_to_end(image)
-            return False
-        await asyncio.shield(self.enqueue(image, size, ahead=ahead).done)
-        return True
-
-    def enqueue(self, image: str, size: int, *, ahead: bool) -> _Pull:
-        """The pull of ``image`` here, queued now if it is not already (not waiting)."""
-        pull = self.pulls.get(image)
-        if pull is None:
-            if size > self.model.disk_bytes * self.model.gc_high:
-                raise ImageError(f"image {image} ({size / 1e9:.1f} GB) is larger than "
-                                 f"node {self.name}'s image disk can hold")
-            pull = _Pull(image, size, asyncio.get_running_loop().create_future(), ahead)
-            self.pulls[image] = pull
-            self.queue.put_nowait(pull)
-        elif not ahead and pull.ahead:
-            pull.ahead = False
-            self.stats["late_prepulls"] += 1  # the prepull had not finished in time
-        return pull
-
-    async def _puller(self) -> None:
-        share = self.model.pull_bytes_per_s / self.model.parallel_pulls
-        while True:
-            pull = await self.queue.get()
-            await self._make_room(pull.size)
-            pull.started = True
-            await asyncio.sleep(pull.size / share)
-            del self.pulls[pull.image]
-            self.images[pull.image] = pull.size
-            self.stats["pulls"] += 1
-            self.stats["prepulls" if pull.ahead else "critical_path_pulls"] += 1
-            self.stats["bytes_pulled"] += pull.size
-            pull.done.set_result(None)
-            self.on_change()
-
-    async def _make_room(self, size: int) -> None:
-        """Image GC as the kubelet's: past the high threshold, delete unused images
-        (least recently used first, reserved ones last) down to the low one; wait while
-        in-use images fill the disk."""
-        high = self.model.disk_bytes * self.model.gc_high
-        low = self.model.disk_bytes * self.model.gc_low
-        while self.used + size > high:
-            victims = [i for i in self.images if not self.in_use[i]]
-            victims.sort(key=lambda i: i in self.reserved)  # stable: LRU within each
-            for victim in victims:
-                if self.used + size <= low:
-                    break
-                del self.images[victim]
-                self.reserved.discard(victim)
-                self.stats["evictions"] += 1
-                self.on_change()
-            if self.used + size <= high:
-                return
-            self.stats["disk_waits"] += 1
-            await asyncio.sleep(1.0)  # everything left is in use: wait for a release
+    def view(self, free_slots: int | None = None) -> NodeImages:
+        return super().view(self.free_slots if free_slots is None else free_slots)
 
 
 class Cluster:
@@ -171,7 +78,7 @@ class Cluster:
     def __init__(self, model: ClusterModel, *, seed: int = 0) -> None:
         self.model = model
         self.api = ApiServer(model)
-        self.nodes = [Node(f"node-{i}", model) for i in range(model.nodes)]
+        self.nodes = [Node.of(f"node-{i}", model) for i in range(model.nodes)]
         self.rng = random.Random(f"rollbox-sim-cluster:{seed}")
         self._room: asyncio.Condition | None = None
         self.on_images_changed: Callable[[], None] = lambda: None

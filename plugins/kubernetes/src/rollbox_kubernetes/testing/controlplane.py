@@ -219,6 +219,12 @@ class ControlPlane:
         return self.state / "logs"
 
     @property
+    def image_manifest(self) -> Path:
+        """The node agent's image manifest (imagepulls.py): write the images whose pulls
+        it should model; it reads the file again whenever it changes."""
+        return self.state / "images.json"
+
+    @property
     def audit_log(self) -> Path:
         return self.logs / "audit.jsonl"
 
@@ -410,7 +416,7 @@ class ControlPlane:
                     f"--kubeconfig={kc}", f"--listen=127.0.0.1:{p['kubelet']}",
                     f"--tls-cert={pki.node_agent[0]}", f"--tls-key={pki.node_agent[1]}",
                     f"--client-ca={pki.ca}", f"--pod-cidr={self.pod_cidr}",
-                    f"--state-dir={state}"]
+                    f"--state-dir={state}", f"--image-manifest={self.image_manifest}"]
             argv += [f"--node={n}" for n in self.nodes]
             argv += [f"--node-label={k}={v}" for k, v in self.node_labels.items()]
             return [*argv, *self.agent_args]

@@ -29,6 +29,10 @@ import pytest
 from rollbox_kubernetes.testing.controlplane import ControlPlane
 
 NODE_LABELS = {"pool": "sandbox"}
+IMAGE_PULLS = ("--image-disk-gb=20", "--pull-mb-per-s=200", "--time-scale=0.02")
+"""The test cluster's node image filesystems: 20 GB each, 200 MB/s, a modelled second
+lasting 20 ms (a 4 GB image pulls in 20 modelled seconds, 0.4 s of the test's time);
+images are modelled once a test names them in ``ControlPlane.image_manifest``."""
 
 
 @dataclass(frozen=True)
@@ -96,7 +100,7 @@ def k8s_cluster(request: pytest.FixtureRequest) -> Iterator[ClusterAccess]:
     bin_dir = cluster_binaries(request.config.rootpath)
     state = Path(tempfile.mkdtemp(prefix="rollbox-cluster-"))
     state.chmod(0o711)  # the node agent's sandboxes live under it
-    plane = ControlPlane(bin_dir, state, node_labels=NODE_LABELS)
+    plane = ControlPlane(bin_dir, state, node_labels=NODE_LABELS, agent_args=IMAGE_PULLS)
     failed = request.session.testsfailed
     plane.start()
     try:

@@ -24,6 +24,10 @@ kubelet's part for the pods the scheduler binds to those nodes:
   API server hands pod exec's WebSocket (v5/v4 channel protocol) straight through, and
   execserver.py runs the command in the pod's sandbox. Only the API server's client
   certificate (signed by ``client_ca``) is let in.
+- **images**: with an image manifest (``--image-manifest``), each node has an image
+  filesystem of its own and a pod of a manifest's image waits for its pull
+  (``ContainerCreating``, events ``Pulling``/``Pulled``, ``Node.status.images``,
+  garbage collection, ``ErrImagePull`` for what no disk holds): imagepulls.py.
 - **stop**: a pod with a deletionTimestamp has its runtime stopped and its sandbox
   closed, then is deleted for good (grace 0, UID precondition), as a kubelet does.
 
@@ -48,6 +52,7 @@ import ssl
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 from aiohttp import web
@@ -61,6 +66,7 @@ from rollbox_kubernetes.podexec import V4, V5
 from rollbox_kubernetes.resources import NETWORK_POLICIES, PODS, Resource
 from rollbox_kubernetes.testing.controller import container_runtime, limits
 from rollbox_kubernetes.testing.execserver import serve_exec
+from rollbox_kubernetes.testing.imagepulls import GB, MB, ImageModel, ImagePulls, PodRef
 from rollbox_kubernetes.testing.runtime import SandboxRuntime
 
 Obj = dict[str, Any]
@@ -118,6 +124,8 @@ class PodState:
     sandbox: Sandbox | None = None
     runtime: SandboxRuntime | None = None
     ip: str = ""
+    pulled: tuple[str, str] | None = None
+    """(node, image) this pod holds on its node's image disk."""
     stopping: bool = False
     task: asyncio.Task[None] | None = field(default=None, repr=False)
 
@@ -152,7 +160,7 @@ class NodeAgent:
                  listen: tuple[str, int], tls: ssl.SSLContext | None, pod_cidr: str,
                  node_labels: dict[str, str] | None = None, runtime_port: int = 8888,
                  policy_wait_s: float = 5.0, max_starting: int = 8,
-                 allow_network: bool = False) -> None:
+                 allow_network: bool = False, images: ImageModel | None = None) -> None:
         self.client = client
         self.backing = backing
         self.nodes = frozenset(nodes)
@@ -163,6 +171,7 @@ class NodeAgent:
         self.runtime_port = runtime_port
         self.policy_wait_s = policy_wait_s
         self.allow_network = allow_network
+        self.pulls = ImagePulls(client, sorted(self.nodes), images) if images else None
         self.pods: dict[str, PodState] = {}  # by uid
         self.by_name: dict[tuple[str, str], str] = {}  # (namespace, name) -> uid
         self.policies: dict[tuple[str, str], Obj] = {}
@@ -176,6 +185,8 @@ class NodeAgent:
     async def run(self, stop: asyncio.Event) -> None:
         await self._serve()
         await self._register()
+        if self.pulls is not None:
+            self.pulls.start()
         watchers = [asyncio.ensure_future(self._watch(PODS, self._on_pod)),
                     asyncio.ensure_future(self._watch(NETWORK_POLICIES, self._on_policy))]
         log.info("node agent up: nodes %s, kubelet endpoint %s:%d", sorted(self.nodes),
@@ -198,6 +209,8 @@ class NodeAgent:
         await asyncio.gather(*self._tasks, return_exceptions=True)
         for state in list(self.pods.values()):
             await self._release(state)
+        if self.pulls is not None:
+            await self.pulls.aclose()
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
@@ -307,12 +320,17 @@ class NodeAgent:
         env = {e["name"]: str(e.get("value", "")) for e in container.get("env") or []
                if "name" in e}
         labels = dict(pod["metadata"].get("labels") or {})
+        image = container["image"]
+        if self.pulls is not None:
+            if not await self._pull(state, pod["spec"]["nodeName"], container):
+                return
+            image = self.pulls.runs_as(image)
         async with self._starting:
             if state.stopping:
                 return
             denied = await self._egress_denied(state.namespace, labels)
             network = Network.HOST if self.allow_network and not denied else Network.NONE
-            spec = SandboxSpec(image=container["image"],
+            spec = SandboxSpec(image=image,
                                workdir=container.get("workingDir") or "/", env=env,
                                resources=limits(container), network=network)
             try:
@@ -354,6 +372,24 @@ class NodeAgent:
                 "name": container["name"], "image": container["image"],
                 "imageID": "", "ready": True, "started": True, "restartCount": 0,
                 "state": {"running": {"startedAt": now}}}]})
+
+    async def _pull(self, state: PodState, node: str, container: Obj) -> bool:
+        """The pod's image on its node, as a kubelet pulls it; False: not to be had."""
+        assert self.pulls is not None
+
+        async def waiting(reason: str, message: str) -> None:
+            await self._status(state, {"phase": "Pending", "containerStatuses": [
+                self._waiting(container, reason, message)]})
+
+        image = container["image"]
+        ref = PodRef(state.namespace, state.name, state.uid, node)
+        if not await self.pulls.pull(ref, image, waiting):
+            return False
+        if state.stopping:  # released meanwhile: give the image back here
+            self.pulls.release(node, image)
+            return False
+        state.pulled = (node, image)
+        return True
 
     @staticmethod
     def _waiting(container: Obj, reason: str, message: str) -> Obj:
@@ -421,6 +457,9 @@ class NodeAgent:
         if state.ip:
             self.ips.give_back(state.ip)
             state.ip = ""
+        pulled, state.pulled = state.pulled, None
+        if pulled is not None and self.pulls is not None:
+            self.pulls.release(*pulled)
         sandbox, state.sandbox = state.sandbox, None
         if sandbox is not None:
             with contextlib.suppress(RollboxError, OSError):
@@ -461,6 +500,16 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--max-starting", type=int, default=8)
     parser.add_argument("--allow-network", action="store_true",
                         help="give pods no policy denies the host's network (default: none)")
+    images = parser.add_argument_group("image pulls (imagepulls.py)")
+    images.add_argument("--image-manifest", help="JSON: the images whose pulls are modelled")
+    images.add_argument("--image-disk-gb", type=float, default=100.0,
+                        help="each node's image filesystem (GB, 10^9 bytes)")
+    images.add_argument("--pull-mb-per-s", type=float, default=200.0,
+                        help="each node's pull bandwidth (MB/s), shared by its pullers")
+    images.add_argument("--parallel-pulls", type=int, default=1,
+                        help="pulls at once per node (1: serializeImagePulls)")
+    images.add_argument("--time-scale", type=float, default=1.0,
+                        help="real seconds per modelled second (0.01: 100x faster)")
     return parser.parse_args(argv)
 
 
@@ -478,7 +527,8 @@ async def _main(args: argparse.Namespace) -> None:
     agent = NodeAgent(client, container_runtime(args.state_dir), nodes=args.node,
                       listen=(host, int(port)), tls=tls, pod_cidr=args.pod_cidr,
                       node_labels=dict(kv.split("=", 1) for kv in args.node_label),
-                      max_starting=args.max_starting, allow_network=args.allow_network)
+                      max_starting=args.max_starting, allow_network=args.allow_network,
+                      images=_image_model(args))
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -487,6 +537,14 @@ async def _main(args: argparse.Namespace) -> None:
         await agent.run(stop)
     finally:
         await client.close()
+
+
+def _image_model(args: argparse.Namespace) -> ImageModel | None:
+    if not args.image_manifest:
+        return None
+    return ImageModel(Path(args.image_manifest), capacity=int(args.image_disk_gb * GB),
+                      pull_bytes_per_s=args.pull_mb_per_s * MB,
+                      parallel_pulls=args.parallel_pulls, time_scale=args.time_scale)
 
 
 def main(argv: Sequence[str] | None = None) -> None:
