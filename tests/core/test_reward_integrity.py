@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 from rollbox.envs import SUBMIT, Judgement, Session, StepOutcome, Task
-from rollbox.errors import ExecTimeoutError, SandboxLostError, WorkloadError
+from rollbox.errors import ExecTimeoutError, SandboxLostError, UsageError, WorkloadError
 from rollbox.pool import Pool
 from rollbox.results import RolloutOutput
 from rollbox.runner import RetryPolicy, run_rollouts
@@ -161,3 +161,49 @@ def test_task_checks_its_integrity_fields() -> None:
     with pytest.raises(Exception, match="answer"):
         Task(id="x", spec=SPEC, answer="solution.py")  # type: ignore[arg-type]
     assert not Task(id="x", spec=SPEC).judged and Custom(id="c", spec=SPEC).judged
+
+
+async def test_the_determinism_canary_names_a_judge_with_two_rewards_for_one_answer() -> None:
+    """With ``canary_rate=1`` every judged rollout's answer is judged twice, each time on
+    the sandbox reset to its image: a deterministic judge agrees with itself, a judge
+    that flips a coin is named; the paid reward is always the first verdict's."""
+    flips = iter([1.0, 0.0] * 10)
+    seen: list[bool] = []
+
+    async def coin(sandbox: Sandbox, task: Task) -> float:
+        # each judgement starts from the image: the last one's scratch file is gone
+        seen.append("/w/scratch" in sandbox.files)  # type: ignore[attr-defined]
+        await sandbox.write_file("scratch", b"left by the judge")
+        return next(flips)
+
+    async def policy(sandbox: Sandbox, task: Task, index: int) -> RolloutOutput:
+        await sandbox.write_file("solution.py", b"right")
+        return RolloutOutput(1.0)
+
+    steady = task(answer=("solution.py",))
+    flaky = Task(id="flaky", spec=SPEC, verifier=coin, answer=("solution.py",))
+    async with Pool(backend()) as pool:
+        report = await run_rollouts(pool, [steady, flaky], 2, policy, canary_rate=1.0)
+    assert report.accounted and report.canary_rejudged == 4
+    assert report.canary_mismatches == ["flaky#0", "flaky#1"]
+    assert [r.reward for r in report.results if r.task_id == "flaky"] == [1.0, 1.0]
+    assert seen == [False] * 4
+    assert "canary: 4 judged twice, 2 with two rewards (flaky#0, flaky#1)" in report.summary()
+    assert report.as_dict()["canary"] == {"rejudged": 4, "mismatched": ["flaky#0", "flaky#1"]}
+
+
+async def test_the_canary_samples_by_rate_and_skips_tasks_without_an_answer() -> None:
+    async def policy(sandbox: Sandbox, task: Task, index: int) -> RolloutOutput:
+        return RolloutOutput(1.0)
+
+    async with Pool(backend()) as pool:
+        none = await run_rollouts(pool, [task(answer=("solution.py",))], 8, policy)
+        half = await run_rollouts(pool, [task(answer=("solution.py",))], 40, policy,
+                                  canary_rate=0.5)
+        unanswered = await run_rollouts(pool, [task()], 4, policy, canary_rate=1.0)
+    assert none.canary_rejudged == 0 and "canary" not in none.summary()
+    assert 10 <= half.canary_rejudged <= 30 and half.canary_mismatches == []
+    assert unanswered.canary_rejudged == 0
+    with pytest.raises(UsageError, match="canary_rate"):
+        async with Pool(backend()) as pool:
+            await run_rollouts(pool, [task()], 1, policy, canary_rate=2.0)

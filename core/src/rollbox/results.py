@@ -173,6 +173,18 @@ class RunReport:
         return sorted(t for t, g in self.groups.items() if g.masked)
 
     @property
+    def canary_rejudged(self) -> int:
+        """Rollouts whose answer the determinism canary judged a second time."""
+        return sum("canary_reward" in r.info for r in self.results)
+
+    @property
+    def canary_mismatches(self) -> list[str]:
+        """``task#index`` of the rollouts whose second verdict differed from the first:
+        their task's judge is not deterministic."""
+        return [f"{r.task_id}#{r.index}" for r in self.results
+                if "canary_reward" in r.info and r.info["canary_reward"] != r.reward]
+
+    @property
     def mean_reward(self) -> float:
         rewards = [r.reward for r in self.results if r.reward is not None]
         return sum(rewards) / len(rewards) if rewards else math.nan
@@ -190,6 +202,8 @@ class RunReport:
             },
             "attempts": sum(r.attempts for r in self.results),
             "masked_groups": len(self.masked_tasks),
+            "canary": {"rejudged": self.canary_rejudged,
+                       "mismatched": self.canary_mismatches},
             "mean_reward": None if math.isnan(self.mean_reward) else self.mean_reward,
             "cancelled": self.cancelled,
             "wall_s": self.wall_s,
@@ -204,8 +218,14 @@ class RunReport:
         state = "cancelled, partial" if self.cancelled else "complete"
         workload = sum(self.workload_failures_by_kind.values())
         broke = f" ({workload} broke their own sandbox, scored)" if workload else ""
+        canary = ""
+        if self.canary_rejudged:
+            mismatched = self.canary_mismatches
+            canary = (f"; canary: {self.canary_rejudged} judged twice, {len(mismatched)} "
+                      "with two rewards" + (f" ({', '.join(mismatched[:5])})"
+                                            if mismatched else ""))
         return (
             f"{self.requested} rollouts ({state}): {self.succeeded} succeeded{broke}, "
             f"{self.failed} failed ({kinds}); {len(self.masked_tasks)} groups masked; "
-            f"accounted={self.accounted}; {self.wall_s:.2f}s"
+            f"accounted={self.accounted}{canary}; {self.wall_s:.2f}s"
         )

@@ -30,6 +30,7 @@ import asyncio
 import contextlib
 import math
 import numbers
+import random
 import warnings
 from collections import Counter, OrderedDict, deque
 from collections.abc import Callable, Iterable, Mapping
@@ -140,6 +141,7 @@ async def run_rollouts(
     task_parallelism: int | None = None,
     plugin_manager: pluggy.PluginManager | None = None,
     on_result: ResultObserver | None = None,
+    canary_rate: float = 0.0,
 ) -> RunReport:
     """Run ``rollouts_per_task`` rollouts of every task and return the report.
 
@@ -147,8 +149,11 @@ async def run_rollouts(
     task's own ``policy``). ``lookahead`` is how many pending tasks the pool hears about
     ahead of need (default ``2 * concurrency``; 0 disables hints). ``task_parallelism``
     caps a task's rollouts in flight at once (default: spread ``concurrency`` over the
-    tasks, at least 1). On cancellation, outstanding rollouts are cancelled, their
-    sandboxes released, and ``RunCancelled`` carrying the partial report is raised.
+    tasks, at least 1). ``canary_rate``: the share of judged rollouts (of tasks with an
+    ``answer``) whose answer is judged twice, the determinism canary (``Task.verdict``);
+    the report counts them and names those whose two rewards differ. The sample is
+    fixed by task id and index. On cancellation, outstanding rollouts are cancelled,
+    their sandboxes released, and ``RunCancelled`` carrying the partial report is raised.
     """
     runner = _Runner(
         pool, list(tasks), rollouts_per_task, rollout_fn,
@@ -156,6 +161,7 @@ async def run_rollouts(
         group_policy=GroupPolicy(group_policy), rollout_timeout_s=rollout_timeout_s,
         acquire_timeout_s=acquire_timeout_s, lookahead=lookahead,
         task_parallelism=task_parallelism, plugin_manager=plugin_manager, on_result=on_result,
+        canary_rate=canary_rate,
     )
     return await runner.run()
 
@@ -252,7 +258,10 @@ class _Runner:
         task_parallelism: int | None,
         plugin_manager: pluggy.PluginManager | None,
         on_result: ResultObserver | None,
+        canary_rate: float = 0.0,
     ) -> None:
+        if not 0.0 <= canary_rate <= 1.0:
+            raise UsageError(f"canary_rate must be between 0 and 1, got {canary_rate!r}")
         if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
             raise UsageError(f"concurrency must be a positive int, got {concurrency!r}")
         if (
@@ -287,6 +296,7 @@ class _Runner:
         self.scheduler = _Scheduler(tasks, rollouts_per_task, cap)
         self.plugin_manager = plugin_manager or pool.plugin_manager
         self.on_result = on_result
+        self.canary_rate = canary_rate
         self.results: dict[tuple[int, int], RolloutResult] = {}
         self.attempts: Counter[tuple[int, int]] = Counter()
         self.masked: set[str] = set()
@@ -369,6 +379,13 @@ class _Runner:
             earlier.append(failure)
             await asyncio.sleep(self.retry.delay(attempt))
 
+    def _canary(self, task: Task, index: int) -> bool:
+        """Whether rollout ``index`` of ``task`` is in the canary's sample (fixed by
+        task id and index, so a retry and a rerun sample the same)."""
+        if not self.canary_rate or task.answer is None:
+            return False
+        return random.Random(f"rollbox-canary:{task.id}#{index}").random() < self.canary_rate
+
     async def _attempt(
         self, task: Task, index: int, sandboxes: list[str]
     ) -> tuple[RolloutOutput | None, Failure | None]:
@@ -395,7 +412,8 @@ class _Runner:
                         return None, Failure(INVALID_OUTPUT, problem, False)
                     assert isinstance(raw, RolloutOutput)
                     if task.judged:
-                        raw = _judged(raw, await task.verdict(lease.sandbox))
+                        raw = _judged(raw, await task.verdict(
+                            lease.sandbox, canary=self._canary(task, index)))
                         problem = _invalid(raw)
                         if problem:
                             outcome = Outcome.OK

@@ -163,11 +163,16 @@ class Task:
             return Judgement(score, True, info)
         return Judgement(0.0, False, info)
 
-    async def verdict(self, sandbox: Sandbox) -> Judgement:
+    async def verdict(self, sandbox: Sandbox, *, canary: bool = False) -> Judgement:
         """The final verdict, out of the rollout's reach (see the module docstring):
         seal, carry ``answer`` over to a reset sandbox, write ``judge_files``, then
         ``judge(sandbox, None)``. Afterwards the sandbox holds the verdict's state: give
         it back to be reset.
+
+        ``canary`` (with ``answer`` only): judge the same answer a second time, on the
+        sandbox reset to its image again, and put that reward in the verdict's info as
+        ``canary_reward``: a judge that gives the same answer two rewards (a flaky test,
+        the clock, randomness) makes its rewards noise, and the run report says so.
 
         Raises CapabilityNotSupportedError on a backend that cannot seal, and the
         SandboxErrors of the sandbox's own calls: a lost sandbox is no verdict, and one
@@ -175,19 +180,30 @@ class Task:
         to score with ``judge_failure`` (``Session`` and the runner do)."""
         await sandbox.seal()
         info: dict[str, Any] = {}
+        carried: dict[str, bytes] = {}
         if self.answer is not None:
             carried, missing = await _read_answer(sandbox, self.answer)
-            await sandbox.reset()
-            for path, data in carried.items():
-                await sandbox.write_file(path, data)
             if missing:
                 info["answer_missing"] = missing
-        for path, data in self.judge_files.items():
-            await sandbox.write_file(path, data)
-        judgement = await self.judge(sandbox, None)
+        judgement = await self._judge_afresh(sandbox, carried)
+        if canary and self.answer is not None:
+            again = await self._judge_afresh(sandbox, carried)
+            info["canary_reward"] = float(again.reward)
         if not info:
             return judgement
         return Judgement(judgement.reward, judgement.terminated, {**judgement.info, **info})
+
+    async def _judge_afresh(self, sandbox: Sandbox, carried: Mapping[str, bytes]
+                            ) -> Judgement:
+        """``judge`` on ``carried`` in the sandbox reset to its image (with ``answer``;
+        without, on the sandbox as it is), ``judge_files`` written first."""
+        if self.answer is not None:
+            await sandbox.reset()
+            for path, data in carried.items():
+                await sandbox.write_file(path, data)
+        for path, data in self.judge_files.items():
+            await sandbox.write_file(path, data)
+        return await self.judge(sandbox, None)
 
     def judge_failure(self, error: SandboxError) -> Judgement:
         """The verdict on an episode its own workload broke (a ``WorkloadError``, a
