@@ -101,5 +101,5 @@ async def test_an_image_no_node_holds_fails_the_create_at_once(
         make_backend: BackendFactory, k8s_cluster: ClusterAccess) -> None:
     (huge,) = model(k8s_cluster, {"huge": 30 * GB})
     backend = make_backend(mode="pod", transport=k8s_cluster.transport)
-    with pytest.raises(ImageNotFoundError, match="larger than node"):
+    with pytest.raises(ImageNotFoundError, match="does not fit the node's image filesystem"):
         await backend.create(SandboxSpec(image=huge, workdir="/work"))

@@ -83,6 +83,9 @@ T = TypeVar("T")
 ANNOTATION_NUDGED = "rollbox.dev/nudged"
 _NUDGE_AFTER_S = 0.25
 _NUDGE_MAX_S = 5.0
+NO_ROOM_WORDS = ("no space left", "larger than", "disk pressure")
+"""In a pull failure's message: the image does not fit its node, rather than a name or
+registry problem."""
 
 
 class KubernetesBackend(Backend):
@@ -361,6 +364,10 @@ class KubernetesBackend(Backend):
             return
         kind, message = problem
         if kind == "image":
+            if any(word in message.lower() for word in NO_ROOM_WORDS):
+                raise ImageNotFoundError(
+                    f"image {spec.image!r} does not fit the node's image filesystem "
+                    f"({message}); use nodes with larger image disks or a smaller image")
             raise ImageNotFoundError(
                 f"image {spec.image!r} cannot be pulled ({message}); check the name and "
                 "that the cluster's nodes can reach its registry (imagePullSecrets)")
