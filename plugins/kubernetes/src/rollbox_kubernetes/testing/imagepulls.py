@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import logging
 import os
@@ -128,7 +129,7 @@ class ImagePulls:
                                       time_scale=model.time_scale) for node in nodes}
         self._reports: dict[str, asyncio.Task[None]] = {}
         for node, disk in self.disks.items():
-            disk.on_change = lambda node=node: self._changed(node)  # type: ignore[misc]
+            disk.on_change = functools.partial(self._changed, node)
 
     def start(self) -> None:
         for disk in self.disks.values():
