@@ -109,10 +109,16 @@ class ImageDisk:
         """Have ``image`` here; True if it had to be pulled (and, not ``ahead``, someone
         waited for it: a pull on the critical path). Raises ImageError when it can never
         fit this disk."""
-        if image in self.images:
-            self.images.move_to_end(image)
+        if self.touch(image):
             return False
         await asyncio.shield(self.enqueue(image, size, ahead=ahead).done)
+        return True
+
+    def touch(self, image: str) -> bool:
+        """Whether ``image`` is here; if it is, it is now the most recently used."""
+        if image not in self.images:
+            return False
+        self.images.move_to_end(image)
         return True
 
     def enqueue(self, image: str, size: int, *, ahead: bool) -> Pull:

@@ -74,6 +74,15 @@ class TokenBucket:
         self._paused_until = max(self._paused_until, loop.time() + seconds)
         self._schedule(loop, rearm=True)
 
+    def throttled(self, retry_after_s: float) -> None:
+        """The server refused a request for load: hold every caller for ``Retry-After``
+        (an ``AdaptiveRate`` also slows down)."""
+        self.pause(retry_after_s)
+
+    def answered(self, latency_s: float) -> None:
+        """A request went through in ``latency_s``: a fixed rate does not change (an
+        ``AdaptiveRate`` follows it)."""
+
     def set_rate(self, rate: float) -> None:
         """Change the rate from now on (tokens already earned are kept)."""
         loop = asyncio.get_running_loop()

@@ -191,10 +191,7 @@ class KubeClient:
             # a server with few seats (APF with no queue) again and again, each time using
             # up an attempt of every caller.
             wait = error.retry_after if error.retry_after is not None else 1.0
-            if isinstance(self.limiter, AdaptiveRate):
-                self.limiter.throttled(wait)  # and slower from now on
-            else:
-                self.limiter.pause(wait)
+            self.limiter.throttled(wait)  # an adaptive one: slower from now on, too
             await asyncio.sleep(wait * (1 + random.random()))
             return
         delay = min(self.max_backoff_s, self.backoff_s * 2 ** min(attempt - 1, 16))
@@ -242,8 +239,7 @@ class KubeClient:
                     auth_settings=["BearerToken"], _return_http_data_only=True,
                     _request_timeout=self.request_timeout_s,
                 )
-                if isinstance(self.limiter, AdaptiveRate):
-                    self.limiter.answered(asyncio.get_running_loop().time() - sent)
+                self.limiter.answered(asyncio.get_running_loop().time() - sent)
                 return (data if isinstance(data, dict) else {}), attempt
             except ApiException as exc:
                 error = _error_from(exc.status or 0, exc.reason or "", exc.body, exc.headers)

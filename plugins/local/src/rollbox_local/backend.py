@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import logging
 import os
 import resource
@@ -437,8 +438,10 @@ def _raise_nofile_limit() -> None:
         resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
 
 
+@functools.cache
 def _host_memory_mb() -> int:
-    """This machine's memory in MiB (0 where /proc/meminfo cannot tell)."""
+    """This machine's memory in MiB (0 where /proc/meminfo cannot tell); read once,
+    not at every create."""
     try:
         with open("/proc/meminfo") as meminfo:
             for line in meminfo:

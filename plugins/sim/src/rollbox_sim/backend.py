@@ -72,7 +72,7 @@ class SimBackend(Backend):
                 self.cluster.api.write(verb)
                 return
             except Throttled as throttled:
-                self.limiter.pause(throttled.retry_after_s)
+                self.limiter.throttled(throttled.retry_after_s)
                 await asyncio.sleep(throttled.retry_after_s * (1 + self.rng.random()))
 
     async def create(self, spec: SandboxSpec) -> SimSandbox:

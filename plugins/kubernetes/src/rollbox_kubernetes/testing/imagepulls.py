@@ -154,8 +154,7 @@ class ImagePulls:
         if sized is None or disk is None:
             return True
         disk.hold(image)  # from now on GC keeps it, once it is there
-        if image in disk.images:
-            disk.images.move_to_end(image)
+        if disk.touch(image):
             await self._event(pod, "Pulled", f'Container image "{image}" already present '
                                              "on machine")
             return True
