@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import contextlib
 import ipaddress
 import logging
@@ -128,10 +129,18 @@ class PodState:
     """(node, image) this pod holds on its node's image disk."""
     stopping: bool = False
     task: asyncio.Task[None] | None = field(default=None, repr=False)
+    """The pod's start."""
+    released: asyncio.Future[None] | None = field(default=None, repr=False)
+    """Its release (``NodeAgent._release``): one, however many ask."""
 
 
 class IpPool:
-    """Pod IPs from a loopback CIDR (all of 127/8 reaches ``lo`` on Linux)."""
+    """Pod IPs from a loopback CIDR (all of 127/8 reaches ``lo`` on Linux).
+
+    Like the host-local IPAM plugin, a freed address is the last to come back: handed out
+    again at once, a Sandbox's pod that the controller makes again under the same name
+    would get its predecessor's address, and a client still talking to the old runtime
+    there could not tell the pod had changed."""
 
     def __init__(self, cidr: str) -> None:
         net = ipaddress.ip_network(cidr)
@@ -139,11 +148,17 @@ class IpPool:
                 ipaddress.ip_network("127.0.0.0/8")):  # type: ignore[arg-type]
             raise ValueError(f"pod CIDR {cidr} must lie inside 127.0.0.0/8")
         self._hosts = net.hosts()
-        self._free: list[str] = []
+        self._free: collections.deque[str] = collections.deque()
         self.in_use: set[str] = set()
 
     def take(self) -> str:
-        ip = self._free.pop() if self._free else str(next(self._hosts))
+        fresh = next(self._hosts, None)
+        if fresh is not None:
+            ip = str(fresh)
+        elif self._free:
+            ip = self._free.popleft()
+        else:
+            raise RuntimeError("the pod CIDR has no free address left")
         self.in_use.add(ip)
         return ip
 
@@ -433,9 +448,6 @@ class NodeAgent:
 
     async def _terminate(self, state: PodState) -> None:
         """A pod being deleted: stop its sandbox, then remove the pod for good."""
-        if state.task is not None:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await state.task
         await self._release(state)
         body = {"kind": "DeleteOptions", "apiVersion": "v1", "gracePeriodSeconds": 0,
                 "preconditions": {"uid": state.uid}}
@@ -447,7 +459,19 @@ class NodeAgent:
                 log.warning("final delete of pod %s/%s: %s", state.namespace, state.name, err)
 
     async def _release(self, state: PodState) -> None:
+        """Stop the pod's runtime, then free its address and image and close its sandbox:
+        once, after its start has ended. A deletion and the DELETED event both ask; a
+        release while the start was still creating would leave what the start made
+        running, and two at once could free the address while its runtime still listens."""
         state.stopping = True
+        if state.released is None or state.released.cancelled():
+            state.released = asyncio.ensure_future(self._free(state))
+        await asyncio.shield(state.released)
+
+    async def _free(self, state: PodState) -> None:
+        start = state.task
+        if start is not None and not start.done():
+            await asyncio.wait([start])  # it sees ``stopping`` and ends soon
         self.pods.pop(state.uid, None)
         if self.by_name.get((state.namespace, state.name)) == state.uid:
             del self.by_name[(state.namespace, state.name)]
