@@ -31,7 +31,9 @@ async def test_429_storm_pauses_every_caller_for_retry_after(
         make_backend: BackendFactory, emulator: ApiServerEmulator, spec: SandboxSpec) -> None:
     backend = make_backend()
     await backend.create(spec)  # template and pool exist now
-    emulator.inject(429, 6, retry_after=0.3)
+    # On creates only: the backend's pod watch (a list, then a watch) runs beside them,
+    # and a list told 429 while creates were already on their way would see those land.
+    emulator.inject(429, 6, retry_after=0.3, verbs=("create",))
     emulator.stamps.clear()
     loop = asyncio.get_running_loop()
     started = loop.time()

@@ -8,6 +8,7 @@ import asyncio
 from collections.abc import Callable
 
 import pytest
+from polling import until
 from rollbox import Pool, StaticPoolPolicy
 from rollbox.errors import ImageNotFoundError
 from rollbox.policies import LookaheadPolicy
@@ -31,15 +32,6 @@ def warm(emulator: ApiServerEmulator, pool: str, *, ready: bool = False) -> list
     return [s["metadata"]["name"] for s in emulator.store.list("sandboxes", NS)
             if (s["metadata"].get("labels") or {}).get("agents.x-k8s.io/warm-pool") == pool
             and (not ready or sandbox_state(s).ready)]
-
-
-async def until(check: Callable[[], bool], timeout: float = 20.0) -> None:
-    """Wait for the emulated controller to get there (a poll: it has no event to await)."""
-    async with asyncio.timeout(timeout):
-        while True:
-            if check():
-                return
-            await asyncio.sleep(0.02)
 
 
 async def test_a_direct_sandbox_end_to_end(make_backend: BackendFactory,

@@ -47,6 +47,7 @@ from rollbox.spec import Network, SandboxSpec
 from rollbox_kubernetes import render
 from rollbox_kubernetes.client import ApiError, KubeClient, Obj, RequestStats
 from rollbox_kubernetes.podexec import ChannelWsApiClient
+from rollbox_kubernetes.podwatch import PodWatch
 from rollbox_kubernetes.resources import (
     CLAIMS,
     NETWORK_POLICIES,
@@ -56,6 +57,7 @@ from rollbox_kubernetes.resources import (
     WARM_POOLS,
     Resource,
     namespace_problem,
+    owned_by,
     run_id_problem,
 )
 from rollbox_kubernetes.runtime_http import RuntimeLimitError
@@ -163,6 +165,7 @@ class KubernetesBackend(Backend):
         self._client: KubeClient | None = None
         self._ws_api: CoreV1Api | None = None
         self._connecting: asyncio.Lock | None = None
+        self.pod_watch: PodWatch | None = None
 
     # -- connection ----------------------------------------------------------------------
 
@@ -188,6 +191,8 @@ class KubernetesBackend(Backend):
                 self._client = KubeClient(ApiClient(config), qps=self.qps, burst=self.burst,
                                           adaptive=self.adaptive_pacing, stats=self.stats)
                 self._ws_api = CoreV1Api(ChannelWsApiClient(configuration=config))
+                self.pod_watch = PodWatch(self._client, self.options.namespace,
+                                          owned_by(self.options.run_id))
         return self._client
 
     # -- warmth --------------------------------------------------------------------------
@@ -235,6 +240,8 @@ class KubernetesBackend(Backend):
                 "`kubectl get sandboxclaims,sandboxes,pods` and the warm pool's capacity"
             ) from None
         self.live[sandbox.id] = sandbox
+        if self.pod_watch is not None:
+            self.pod_watch.track(sandbox)
         return sandbox
 
     def _name(self, key: str) -> str:
@@ -383,13 +390,13 @@ class KubernetesBackend(Backend):
         if spec.network is Network.NONE:
             await self._ensure_deny_all()  # the pod carries its label (render.raw_pod)
         name = self._name(render.spec_key(spec, self.options))
-        ip = await self._create_then(PODS, "pod", name, render.raw_pod(name, spec, self.options),
-                                     lambda created: self._await_pod(name, created, spec))
-        return KubeSandbox(self, name, spec, pod=name, pod_ip=ip,
-                           base_env=render.container_env(spec))
+        pod = await self._create_then(PODS, "pod", name, render.raw_pod(name, spec, self.options),
+                                      lambda created: self._await_pod(name, created, spec))
+        return KubeSandbox(self, name, spec, pod=name, pod_ip=ip_of_pod(pod),
+                           pod_uid=pod["metadata"]["uid"], base_env=render.container_env(spec))
 
-    async def _await_pod(self, name: str, pod: Obj, spec: SandboxSpec) -> str:
-        """Watch pod ``name`` until it is ready; returns its IP."""
+    async def _await_pod(self, name: str, pod: Obj, spec: SandboxSpec) -> Obj:
+        """Watch pod ``name`` until it is ready; returns it."""
         started = asyncio.get_running_loop().time()
         watcher = Watcher(self.client, PODS, self.options.namespace, name,
                           pod["metadata"]["resourceVersion"])
@@ -404,13 +411,15 @@ class KubernetesBackend(Backend):
                     raise CreateFailedError(f"pod {name} was deleted while starting")
         finally:
             await watcher.close()
-        return ip_of_pod(pod)
+        return pod
 
     # -- release and teardown ------------------------------------------------------------
 
     async def release(self, sandbox: KubeSandbox) -> None:
         """Delete what backs ``sandbox``: its claim, its Sandbox, or its pod."""
         self.live.pop(sandbox.id, None)
+        if self.pod_watch is not None:
+            self.pod_watch.untrack(sandbox)
         res = self._backing.pop(sandbox.id, PODS if self.mode == "pod" else CLAIMS)
         await self._delete_quietly(res, sandbox.id)
 
@@ -429,6 +438,9 @@ class KubernetesBackend(Backend):
         self.pools.owned.clear()
         await self._delete_again()
         await self.transports.aclose()
+        if self.pod_watch is not None:
+            await self.pod_watch.aclose()
+            self.pod_watch = None
         if self._client is not None:
             await self._client.close()
             self._client = None

@@ -33,7 +33,7 @@ NEEDED = (
     + [(verb, "agents.x-k8s.io", "sandboxes", "") for verb in ("create", "get", "watch",
                                                                  "delete")]
     + [(verb, "networking.k8s.io", "networkpolicies", "") for verb in ("create", "delete")]
-    + [(verb, "", "pods", "") for verb in ("create", "get", "watch", "delete")]
+    + [(verb, "", "pods", "") for verb in ("create", "get", "list", "watch", "delete")]
     + [("create", "", "pods", "exec")]
 )
 

@@ -152,10 +152,14 @@ class KubeSandbox(Sandbox):
     """One pod, owned by a SandboxClaim (claim mode) or by nobody (raw-pod mode)."""
 
     def __init__(self, backend: KubernetesBackend, sandbox_id: str, spec: SandboxSpec, *,
-                 pod: str, base_env: dict[str, str], pod_ip: str = "") -> None:
+                 pod: str, base_env: dict[str, str], pod_ip: str = "",
+                 pod_uid: str = "") -> None:
         super().__init__(sandbox_id, spec)
         self.backend = backend
         self.pod = pod
+        self.pod_uid = pod_uid
+        """The uid of the pod made for this sandbox: a pod of its name with another uid
+        was made again, empty (podwatch.py). "" until known."""
         self.base_env = base_env
         self.base_mode = ""
         self.closed = False
@@ -284,13 +288,16 @@ class KubeSandbox(Sandbox):
         return await start_process(self, request, self.argv_for(request, marker), marker)
 
     async def _check_pod(self) -> None:
-        """Mark the sandbox lost if its pod is gone, terminating or no longer ready, and
-        remember when that was its own workload's doing (``broken_by``)."""
+        """Mark the sandbox lost if its pod is gone, made again, terminating or no longer
+        ready, and remember when that was its own workload's doing (``broken_by``)."""
         try:
             pod = await self.backend.client.get(PODS, self.backend.options.namespace, self.pod)
         except ApiError as err:
             if err.status == 404:
                 self.lost = True
+            return
+        if self.pod_uid and pod["metadata"].get("uid") != self.pod_uid:
+            self.lost = True  # another pod under its name: what failed it is not known
             return
         if pod["metadata"].get("deletionTimestamp") or not pod_ready(pod):
             self.lost = True

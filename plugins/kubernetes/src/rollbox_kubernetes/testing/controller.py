@@ -3,7 +3,8 @@
 Controller, following upstream's documented behaviour (not its code):
 - every Sandbox gets one pod of the same name from its ``podTemplate``, owned by it, and
   a ``Ready`` condition that mirrors the pod; a Sandbox created directly (no claim, no
-  pool) is handled exactly like one the extensions made;
+  pool) is handled exactly like one the extensions made; a Sandbox's pod deleted while
+  the Sandbox lives is made again under the same name, empty (a new uid and IP);
 - a SandboxWarmPool keeps ``replicas`` warm Sandboxes, labelled with the pool and owned
   by it: scaling up creates more, scaling down deletes the surplus unclaimed ones (those
   not ready first, then the newest);
@@ -186,6 +187,8 @@ class FakeCluster:
                 if sandbox is not None:
                     self._spawn(sandbox.close())
             self._sync_sandbox(ns, name)
+            if kind == "DELETED":
+                self._make_pod(ns, name)  # its Sandbox lives on: a pod of its own again
         elif plural == "sandboxwarmpools" and kind != "DELETED":
             self._fill_pool(ns, name)
         elif plural == "sandboxes":
