@@ -5,11 +5,22 @@ temporary directory from the start of the session to its end, whatever it was be
 A test that opens the local backend or the image store with their defaults then never
 touches the user's store (images imported from pytest's temporary directories used to
 stay listed in ``rollbox images ls`` after a run). Tests that need a directory of their
-own still make one (``state_dir``, ``tmp_path``).
+own still make one (``state_dir``, ``tmp_path``). Under pytest-xdist each worker is a
+session of its own, with a home of its own.
 
-The tests of tests/cluster run last: their control plane (a session fixture) then runs
-only while they do, not beside every later test, and on a fresh machine its Go build
-(started in the background by .ci/run) has the rest of the suite's time to finish.
+Two suites in one command (CONTRIBUTING.md):
+
+* ``uv run pytest`` is the fast loop: tests marked ``slow`` (end-to-end runs, benchmarks,
+  the real control plane of tests/cluster, the adapters' own environments) are left out
+  unless asked for: by ``--full``, by a ``-m`` expression, or by naming test paths.
+* ``pytest --full`` (the README's command, what CI runs) runs everything.
+
+Tests run on four pytest-xdist workers (``-n auto``: ``pytest_xdist_auto_num_workers``)
+because most of their time is spent waiting on sandboxes, not computing. The tests of
+tests/cluster share one control plane (a session fixture on fixed loopback addresses), so
+they are one xdist group, run by one worker, and handed out first: their serial run is the
+longest part of the suite and overlaps everything else. On a fresh machine their worker
+first waits for the control plane's Go build (started in the background by .ci/run).
 """
 
 from __future__ import annotations
@@ -37,9 +48,35 @@ def pytest_configure(config: pytest.Config) -> None:
     os.environ["ROLLBOX_HOME"] = home
 
 
+WORKERS = 4
+"""Waiting tests overlap: four workers keep two cores busy."""
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--full", action="store_true", default=False,
+                     help="run every suite, the slow ones included (what CI runs)")
+
+
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    return WORKERS
+
+
+def _runs_slow_tests(config: pytest.Config) -> bool:
+    named = config.args_source is not pytest.Config.ArgsSource.TESTPATHS
+    return bool(config.getoption("--full") or config.getoption("-m") or named)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if not _runs_slow_tests(config):
+        slow = [item for item in items if item.get_closest_marker("slow")]
+        if slow:
+            config.hook.pytest_deselected(items=slow)
+            items[:] = [item for item in items if not item.get_closest_marker("slow")]
     cluster = config.rootpath / "tests" / "cluster"
-    items.sort(key=lambda item: item.path.is_relative_to(cluster))  # stable: order kept
+    for item in items:
+        if item.path.is_relative_to(cluster):
+            item.add_marker(pytest.mark.xdist_group("cluster"))
+    items.sort(key=lambda item: not item.path.is_relative_to(cluster))  # stable: order kept
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:

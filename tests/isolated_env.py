@@ -146,8 +146,10 @@ def ensure_env(recipe: EnvRecipe) -> Path:
 
 def run_pytest_in(env: Path, args: Sequence[str], *, timeout_s: float = 3600) -> None:
     """Run pytest inside ``env`` from the repository root; fail with its output if it fails."""
+    # The repository's addopts put the main suite on pytest-xdist workers; an environment
+    # of its own has no xdist and runs its tests in one process.
     command = [str(env / "bin" / "python"), "-m", "pytest", "-p", "no:cacheprovider",
-               "-q", "-rfEs", *args]
+               "-o", "addopts=--strict-markers", "-q", "-rfEs", *args]
     result = subprocess.run(command, cwd=REPO, capture_output=True, text=True,
                             timeout=timeout_s, env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"})
     sys.stdout.write(result.stdout[-20000:])

@@ -9,6 +9,7 @@ import re
 from pathlib import Path
 
 import rollbox
+from python_source import parse
 from rollbox import errors
 from rollbox.plugins import get_plugin_manager, pool_policies
 
@@ -48,7 +49,7 @@ def test_what_the_readme_names_exists() -> None:
 def test_no_core_module_imports_a_plugin_an_adapter_or_the_bench() -> None:
     found = []
     for path in CORE.rglob("*.py"):
-        for node in ast.walk(ast.parse(path.read_text())):
+        for node in ast.walk(parse(path)):
             names = ([a.name for a in node.names] if isinstance(node, ast.Import)
                      else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
             found += [f"{path.relative_to(CORE)}: {n}" for n in names

@@ -16,6 +16,7 @@ Loaded by tests/conftest.py (``pytest_plugins``).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
@@ -69,11 +70,16 @@ def _unavailable(reason: str) -> None:
     pytest.skip(reason)
 
 
+_built: dict[Path, Path] = {}
+
+
 def cluster_binaries(rootdir: Path) -> Path:
     """The directory tests/cluster/build.sh fills (built now if it is not yet)."""
     given = os.environ.get("ROLLBOX_CLUSTER_BIN_DIR")
     if given:
         return Path(given)
+    if rootdir in _built:
+        return _built[rootdir]
     if shutil.which("go") is None:
         _unavailable("Go >= 1.26 is not installed: the real control plane (kube-apiserver, "
                      "etcd, kwok, agent-sandbox) is built from Go modules by "
@@ -83,7 +89,21 @@ def cluster_binaries(rootdir: Path) -> Path:
     if result.returncode != 0:
         _unavailable(f"tests/cluster/build.sh failed (exit {result.returncode}); run it "
                      "by hand to see why")
-    return Path(result.stdout.strip().splitlines()[-1])
+    _built[rootdir] = Path(result.stdout.strip().splitlines()[-1])
+    return _built[rootdir]
+
+
+@pytest.hookimpl(hookwrapper=True, tryfirst=True)
+def pytest_runtest_protocol(item: pytest.Item) -> Iterator[None]:
+    """Build the control plane before the first test that needs it starts its clock: on a
+    fresh machine the build takes many minutes, which a per-test timeout (pytest-timeout)
+    would count against that test. A build that cannot run is left to the fixture to
+    report."""
+    if ("k8s_cluster" in getattr(item, "fixturenames", ())
+            and not os.environ.get("ROLLBOX_K8S_KUBECONFIG")):
+        with contextlib.suppress(pytest.skip.Exception, pytest.fail.Exception):
+            cluster_binaries(item.config.rootpath)
+    yield
 
 
 @pytest.fixture(scope="session")
