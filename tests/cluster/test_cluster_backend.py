@@ -28,6 +28,7 @@ from rollbox.errors import RollboxError, SandboxLostError
 from rollbox.spec import Network, SandboxSpec, Timeouts
 from rollbox_kubernetes import render
 from rollbox_kubernetes.resources import LABEL_RUN
+from rollbox_kubernetes.sandbox import KubeSandbox
 from rollbox_kubernetes.testing.conformance import ClaimingBackend
 from rollbox_kubernetes.testing.fixtures import ClusterAccess
 
@@ -281,6 +282,34 @@ async def test_a_pod_deleted_mid_command_is_sandbox_lost(
         await running
     assert time.monotonic() - started < 30
     await sandbox.close()
+
+
+@pytest.mark.parametrize("transport", ["http", "exec"])
+async def test_a_pod_made_again_under_the_same_name_is_not_the_sandboxs(
+        k8s_cluster: ClusterAccess, make_backend: BackendFactory, transport: str) -> None:
+    """agent-sandbox's controller makes a Sandbox's deleted pod again under its name: the
+    rollout's next command must not run there as if its files were still in it."""
+    if transport == "http":
+        k8s_cluster.require_http()
+    backend = make_backend(transport=transport)
+    sandbox = await backend.create(SPEC)
+    try:
+        await sandbox.write_file("/work/progress.txt", b"half done")
+        first = get(k8s_cluster, "pod", sandbox.pod)["metadata"]["uid"]
+        await asyncio.to_thread(kubectl, k8s_cluster, "delete", "pod", sandbox.pod,
+                                "--grace-period=0", "--force", "--wait=false")
+
+        def made_again() -> bool:
+            found = kubectl(k8s_cluster, "get", "pod", sandbox.pod, "-o", "json", check=False)
+            return found.returncode == 0 and json.loads(found.stdout)["metadata"]["uid"] != first
+
+        await until(made_again, what=f"the controller to make pod {sandbox.pod} again")
+        assert isinstance(sandbox, KubeSandbox)
+        await until(lambda: sandbox.lost, timeout=10, what="the pod watch to see it")
+        with pytest.raises(SandboxLostError):
+            await sandbox.exec(["cat", "/work/progress.txt"])
+    finally:
+        await sandbox.close()
 
 
 async def test_the_api_server_restarting_under_creates_and_commands(
