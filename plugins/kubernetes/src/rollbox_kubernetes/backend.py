@@ -250,9 +250,10 @@ class KubernetesBackend(Backend):
     async def _create_then(self, res: Resource, what: str, name: str, body: Obj,
                            ready: Callable[[Obj], Awaitable[T]]) -> T:
         """Create ``body``, then wait with ``ready(created)``; if that fails (or is
-        cancelled), delete it again. Once ready, close will delete it."""
+        cancelled), delete it again. Once ready, close will delete it. Inside ``create``'s
+        deadline, an API server that restarts is waited out, not a failure."""
         created = await self.api(f"create {what}", self.client.create(
-            res, self.options.namespace, body))
+            res, self.options.namespace, body, outwait_restarts=True))
         try:
             result = await ready(created)
         except BaseException:

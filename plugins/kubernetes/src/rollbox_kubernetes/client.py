@@ -157,6 +157,9 @@ class KubeClient:
         self.request_timeout_s = request_timeout_s
         self._limiter = limiter
         self.stats = stats or RequestStats()
+        self.reached = False
+        """Whether the API server has answered once: from then on, not reaching it is a
+        restart or a blip, which a caller with a deadline of its own may wait out."""
 
     @property
     def limiter(self) -> TokenBucket:
@@ -176,11 +179,14 @@ class KubeClient:
         self.stats.record(verb, asyncio.get_running_loop().time(), resource)
 
     async def backoff(self, error: ApiError, attempt: int, *, idempotent: bool,
-                      unbounded: bool = False) -> None:
+                      unbounded: bool = False, outwait_restarts: bool = False) -> None:
         """Sleep before retry ``attempt`` of a failed call, or re-raise ``error``.
-        ``unbounded``: no cap on attempts (a watch, which its caller bounds in time)."""
+        ``unbounded``: no cap on attempts (a watch, which its caller bounds in time).
+        ``outwait_restarts``: no cap while a server that answered before cannot be
+        reached (a call whose caller bounds it in time, e.g. a create)."""
         throttled = error.status == 429 or (error.status == 503 and error.retry_after)
-        if (attempt > self.max_retries and not unbounded) or not (
+        restarting = outwait_restarts and error.status == 0 and self.reached
+        if (attempt > self.max_retries and not (unbounded or restarting)) or not (
             throttled or (idempotent and error.status in _RETRYABLE_STATUS)
         ):
             raise error
@@ -222,6 +228,7 @@ class KubeClient:
         idempotent: bool,
         content_type: str,
         attempts: list[int] | None = None,
+        outwait_restarts: bool = False,
     ) -> tuple[Obj, int]:
         """The response body and how many attempts it took (also kept in ``attempts``)."""
         attempt = 0
@@ -240,24 +247,29 @@ class KubeClient:
                     _request_timeout=self.request_timeout_s,
                 )
                 self.limiter.answered(asyncio.get_running_loop().time() - sent)
+                self.reached = True
                 return (data if isinstance(data, dict) else {}), attempt
             except ApiException as exc:
+                self.reached = True
                 error = _error_from(exc.status or 0, exc.reason or "", exc.body, exc.headers)
             except (aiohttp.ClientError, TimeoutError) as exc:
                 error = ApiError(0, "Unreachable", f"{type(exc).__name__}: {exc}")
-            await self.backoff(error, attempt, idempotent=idempotent)
+            await self.backoff(error, attempt, idempotent=idempotent,
+                               outwait_restarts=outwait_restarts)
 
     # -- verbs ---------------------------------------------------------------------------
 
-    async def create(self, res: Resource, namespace: str, body: Obj) -> Obj:
+    async def create(self, res: Resource, namespace: str, body: Obj, *,
+                     outwait_restarts: bool = False) -> Obj:
         """POST; retried on 5xx only when the body names the object (a retry that finds
-        it already there returns it)."""
+        it already there returns it). ``outwait_restarts``: see ``backoff``."""
         name = body.get("metadata", {}).get("name")
         attempts = [0]
         try:
             obj, _ = await self._call("create", "POST", res.path(namespace), query=None,
                                       body=body, idempotent=bool(name),
-                                      content_type="application/json", attempts=attempts)
+                                      content_type="application/json", attempts=attempts,
+                                      outwait_restarts=outwait_restarts)
             return obj
         except ApiError as err:
             if name and err.status == 409 and attempts[0] > 1:

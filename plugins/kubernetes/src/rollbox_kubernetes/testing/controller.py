@@ -57,6 +57,11 @@ SANDBOX_ANNOTATION = "agents.x-k8s.io/sandbox-name"
 LABEL_DOMAINS = ("sandbox.users.io",)
 
 
+REMAKE_AFTER_S = 0.5
+"""How long after its pod is gone a live Sandbox gets a new one (upstream: a reconcile, a
+schedule and a kubelet's start; seconds)."""
+
+
 def _owner(obj: Obj, kind: str) -> dict[str, Any]:
     return {"apiVersion": obj.get("apiVersion", ""), "kind": kind,
             "name": obj["metadata"]["name"], "uid": obj["metadata"]["uid"],
@@ -187,8 +192,8 @@ class FakeCluster:
                 if sandbox is not None:
                     self._spawn(sandbox.close())
             self._sync_sandbox(ns, name)
-            if kind == "DELETED":
-                self._make_pod(ns, name)  # its Sandbox lives on: a pod of its own again
+            if kind == "DELETED":  # its Sandbox lives on: a pod of its own again, after
+                self._spawn(self._remake_pod(ns, name))  # a reconcile, as upstream's
         elif plural == "sandboxwarmpools" and kind != "DELETED":
             self._fill_pool(ns, name)
         elif plural == "sandboxes":
@@ -226,6 +231,10 @@ class FakeCluster:
                          "ownerReferences": [_owner(owner, owner_kind)]},
             "spec": {"podTemplate": pod_template},
         })
+
+    async def _remake_pod(self, ns: str, name: str) -> None:
+        await asyncio.sleep(REMAKE_AFTER_S)
+        self._make_pod(ns, name)
 
     def _make_pod(self, ns: str, name: str) -> None:
         """The Sandbox's one pod, named after it, from its pod template."""
