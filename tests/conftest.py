@@ -15,9 +15,8 @@ Two suites in one command (CONTRIBUTING.md):
   unless asked for: by ``--full``, by a ``-m`` expression, or by naming test paths.
 * ``pytest --full`` (the README's command, what CI runs) runs everything.
 
-The fast loop runs on four pytest-xdist workers (``-n auto``:
-``pytest_xdist_auto_num_workers``) because much of its time is spent waiting on sandboxes;
-``--full`` runs in one process for now (the hook says why). The tests of tests/cluster share
+Tests run on four pytest-xdist workers (``-n auto``: ``pytest_xdist_auto_num_workers``)
+because much of their time is spent waiting on sandboxes. The tests of tests/cluster share
 one control plane (a session fixture on fixed loopback addresses), so they are one xdist
 group, run by one worker, and handed out last: the control plane (API server, etcd,
 controllers, node agents) then runs only while they do, not beside the other workers' tests,
@@ -62,10 +61,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
-    # --full (CI) runs in one process: on four workers the test cluster's pods failed to
-    # bind their pod IPs (EADDRINUSE) in one full run of three here and in an earlier CI
-    # run, never in one process; the cause is not found yet.
-    return 0 if config.getoption("--full") else WORKERS
+    return WORKERS
 
 
 def _runs_slow_tests(config: pytest.Config) -> bool:

@@ -2,13 +2,18 @@
 
 A pod deleted while its start was still creating the sandbox used to leave that sandbox,
 and the runtime started after it, running for good; a deletion and its DELETED event each
-ran a release, so an address could come free while its runtime still listened."""
+ran a release, so an address could come free while its runtime still listened. A pod IP
+something else on the machine listens on is skipped, not a pod that fails to start."""
 
 from __future__ import annotations
 
 import asyncio
+import logging
+import os
+import socket
 from typing import Any
 
+import pytest
 from rollbox import ExecRequest, ExecResult, SandboxSpec
 from rollbox.testing import FakeBackend
 from rollbox.testing.fake import FakeSandbox, builtin_handler
@@ -51,10 +56,11 @@ def pod(uid: str = "u1", *, deleting: bool = False) -> dict[str, Any]:
             "spec": {"nodeName": "n0", "containers": [{"name": "c", "image": "host"}]}}
 
 
-def agent(backing: FakeBackend) -> NodeAgent:
+def agent(backing: FakeBackend, *, pod_cidr: str = "127.66.0.0/24",
+          runtime_port: int = 0) -> NodeAgent:
     return NodeAgent(StatusSink(), backing, nodes=["n0"],  # type: ignore[arg-type]
-                     listen=("127.0.0.1", 0), tls=None, pod_cidr="127.66.0.0/24",
-                     runtime_port=0)
+                     listen=("127.0.0.1", 0), tls=None, pod_cidr=pod_cidr,
+                     runtime_port=runtime_port)
 
 
 async def settle(node: NodeAgent) -> None:
@@ -86,3 +92,20 @@ async def test_a_deletion_and_its_deleted_event_release_once() -> None:
     assert state.released is not None and state.released.done()
     assert backing.live == {} and node.ips.in_use == set() and node.pods == {}
     await node.aclose()
+
+
+async def test_a_pod_ip_another_listener_holds_is_skipped(
+        caplog: pytest.LogCaptureFixture) -> None:
+    with socket.socket() as squatter:
+        squatter.bind(("127.66.1.1", 0))
+        squatter.listen()
+        port = squatter.getsockname()[1]
+        node = agent(Backing(), pod_cidr="127.66.1.0/29", runtime_port=port)
+        with caplog.at_level(logging.WARNING, logger="rollbox.nodeagent"):
+            node._on_pod("ADDED", pod())
+            await settle(node)
+        state = node.pods["u1"]
+        assert state.runtime is not None and state.ip == "127.66.1.2"
+        assert node.ips.in_use == {"127.66.1.1", "127.66.1.2"}  # .1 is not handed out again
+        assert "127.66.1.1" in caplog.text and f"pid {os.getpid()}" in caplog.text
+        await node.aclose()

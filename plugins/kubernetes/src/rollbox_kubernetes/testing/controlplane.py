@@ -30,7 +30,6 @@ import base64
 import contextlib
 import json
 import os
-import random
 import secrets
 import shutil
 import signal
@@ -45,6 +44,8 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
+
+from rollbox_kubernetes.testing.loopback import quiet_cidr
 
 NAMESPACE = "rollbox-test"
 COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok",
@@ -187,7 +188,7 @@ class ControlPlane:
         self.ports = {name: free_port() for name in
                       ("etcd", "etcd-peer", "apiserver", "kwok", "controller-probe",
                        "kubelet")}
-        self.pod_cidr = f"127.{random.randint(64, 95)}.0.0/16"
+        self.pod_cidr = quiet_cidr()
         self.users = {
             "admin": User("rollbox-admin", ("system:masters",)),
             "kube-controller-manager": User("system:kube-controller-manager",

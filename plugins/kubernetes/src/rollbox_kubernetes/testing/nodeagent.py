@@ -45,6 +45,7 @@ import argparse
 import asyncio
 import collections
 import contextlib
+import errno
 import ipaddress
 import logging
 import os
@@ -68,6 +69,7 @@ from rollbox_kubernetes.resources import NETWORK_POLICIES, PODS, Resource
 from rollbox_kubernetes.testing.controller import container_runtime, limits
 from rollbox_kubernetes.testing.execserver import serve_exec
 from rollbox_kubernetes.testing.imagepulls import GB, MB, ImageModel, ImagePulls, PodRef
+from rollbox_kubernetes.testing.loopback import listener_of
 from rollbox_kubernetes.testing.runtime import SandboxRuntime
 
 Obj = dict[str, Any]
@@ -78,6 +80,8 @@ TEMPLATE_HASH_LABEL = "agents.x-k8s.io/sandbox-template-ref-hash"
 KWOK_ANNOTATION = "kwok.x-k8s.io/node"
 AGENT_LABEL = "rollbox.dev/node-agent"
 EGRESS_CONDITION = "rollbox.dev/EgressDenied"
+ADDRESS_TRIES = 16
+"""Pod IPs tried in a row before a pod fails to start because its address is taken."""
 
 
 def _now() -> str:
@@ -330,6 +334,27 @@ class NodeAgent:
 
     # -- pods ----------------------------------------------------------------------------
 
+    async def _listen(self, runtime: SandboxRuntime) -> str:
+        """Serve ``runtime`` on the pool's next address. 127/8 is shared with whatever
+        else runs on the machine (another test cluster, a test's own server), so an
+        address something else listens on is skipped, with a warning naming the holder,
+        as an IPAM that found an address taken would move on."""
+        for _ in range(ADDRESS_TRIES):
+            ip = self.ips.take()
+            try:
+                await runtime.start(self.runtime_port, ip)
+            except OSError as exc:
+                if exc.errno != errno.EADDRINUSE:
+                    self.ips.give_back(ip)
+                    raise
+                log.warning("pod IP %s:%d is held by another listener (%s); taking the "
+                            "next address", ip, self.runtime_port,
+                            listener_of(ip, self.runtime_port))
+                continue  # not given back: it is somebody else's
+            return ip
+        raise OSError(errno.EADDRINUSE,
+                      f"{ADDRESS_TRIES} pod IPs in a row were held by other listeners")
+
     async def _start(self, state: PodState, pod: Obj) -> None:
         container = pod["spec"]["containers"][0]
         env = {e["name"]: str(e.get("value", "")) for e in container.get("env") or []
@@ -363,11 +388,9 @@ class NodeAgent:
                 return  # _terminate closes it
             base = env.get("SANDBOX_BASE_DIR", "").strip() or "/app"
             runtime = SandboxRuntime(sandbox, base_dir=base)
-            ip = self.ips.take()
             try:
-                await runtime.start(self.runtime_port, ip)
+                ip = await self._listen(runtime)
             except OSError as exc:
-                self.ips.give_back(ip)
                 await self._status(state, {"phase": "Failed", "reason": "StartError",
                                            "message": f"runtime: {exc}"})
                 return
