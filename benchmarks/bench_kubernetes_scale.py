@@ -24,6 +24,18 @@ from the API server's audit log (every request: user, verb, resource, time) and 
 - request→ready: from asking for a sandbox to holding a ready one (rollbox: the pool's
   ``queue_wait``; sdk: ``create_sandbox``; pods: ``queue_wait``), mean / p99 / max;
 - accounted: succeeded + failed == requested;
+- with ``--pulls``: every task has an image of its own (1.2-3 GB, a SWE corpus's sizes)
+  and the nodes pull them (the node agent's image model: ``--disk-gb`` per node, 200
+  MB/s shared by a node's pulls, one at a time as ``serializeImagePulls``, a modelled
+  second lasting ``--time-scale`` real seconds). The rollbox arm plans images
+  (``image_planning=True``: prepulls ahead of the runner's queue, placement where the
+  image is); raw pods pull on demand where the scheduler puts them. From the kubelet's
+  events: ``critical_path_pulls``, the sandbox pods that waited for a pull (prepull pods
+  not counted), and ``pull_wait_s``, each sandbox pod's wait for its image in modelled
+  seconds (0 when it was there); ``--lead S``: the burst is expected (``Pool.expect``,
+  as a training loop says what its next step needs while this one runs) S seconds
+  before it starts (raw pods have no use for it); prepull pods are counted apart
+  (``prepull_pods_per_rollout``), not as creations;
 - left behind: SandboxClaims, Sandboxes and pods still in the namespace once the cluster
   has had ``--drain-wait`` seconds to delete them (deletion is asynchronous: garbage
   collection removes a deleted warm pool's pods after it); ``drained_s`` is how long that
@@ -41,6 +53,7 @@ import concurrent.futures
 import contextlib
 import json
 import os
+import re
 import shutil
 import socket
 import tempfile
@@ -61,15 +74,33 @@ from rollbox_kubernetes.testing.controlplane import WORKLOAD_USER, ControlPlane
 from rollbox_kubernetes.testing.fixtures import cluster_binaries
 
 ARMS = ("rollbox", "sdk", "pods")
+PULL_ARMS = ("rollbox", "pods")
+"""With --pulls: the SDK warms one pool of one template, so it cannot serve a corpus of
+per-task images from warm sandboxes at all."""
+GB = 1_000_000_000
 WRITES = frozenset({"create", "update", "patch", "delete", "deletecollection"})
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def spec_for(i: int) -> SandboxSpec:
-    """Task ``i``'s spec: its own pool key (as each SWE task has its own image)."""
-    return SandboxSpec(image="host", workdir="/work", env={"TASK": str(i)},
-                       network=Network.NONE, reset_command="true",
+def spec_for(i: int, *, pulls: bool = False) -> SandboxSpec:
+    """Task ``i``'s spec: its own pool key (as each SWE task has its own image), and with
+    ``pulls`` its own image too."""
+    return SandboxSpec(image=task_image(i) if pulls else "host", workdir="/work",
+                       env={"TASK": str(i)}, network=Network.NONE, reset_command="true",
                        timeouts=Timeouts(create_s=900))
+
+
+def task_image(i: int) -> str:
+    return f"bench.pulls/task-{i}"
+
+
+def image_bytes(i: int) -> int:
+    """Task ``i``'s image size: spread evenly over 1.2-3 GB (fixed, so runs compare)."""
+    return int((1.2 + 1.8 * ((i * 37) % 100) / 99) * GB)
+
+
+def corpus(tasks: int) -> dict[str, int]:
+    return {task_image(i): image_bytes(i) for i in range(tasks)}
 
 
 async def one_command(sandbox: Sandbox, task: Task, index: int) -> RolloutOutput:
@@ -81,10 +112,16 @@ async def one_command(sandbox: Sandbox, task: Task, index: int) -> RolloutOutput
 def cluster(args: argparse.Namespace) -> Iterator[ControlPlane]:
     state = Path(tempfile.mkdtemp(prefix="rollbox-scale-"))
     state.chmod(0o711)
+    pulls = [f"--image-disk-gb={args.disk_gb}", "--pull-mb-per-s=200",
+             f"--time-scale={args.time_scale}"] if args.pulls else []
     plane = ControlPlane(cluster_binaries(ROOT), state, audit=True,
                          nodes=[f"rollbox-node-{i}" for i in range(args.nodes)],
-                         agent_args=[f"--max-starting={args.agent_starting}"])
+                         agent_args=[f"--max-starting={args.agent_starting}", *pulls])
     plane.start()
+    if args.pulls:
+        plane.image_manifest.write_text(json.dumps(
+            {image: {"bytes": size, "runs_as": "host"}
+             for image, size in corpus(args.tasks).items()}))
     try:
         yield plane
     finally:
@@ -98,12 +135,17 @@ def cluster(args: argparse.Namespace) -> Iterator[ControlPlane]:
 async def run_rollbox(arm: str, plane: ControlPlane, kubeconfig: str,
                       args: argparse.Namespace) -> dict[str, Any]:
     concurrency = args.concurrency
+    planning: dict[str, Any] = {}
+    if args.pulls and arm == "rollbox":
+        planning = {"image_planning": True, "image_disk_bytes": int(args.disk_gb * GB),
+                    "image_sizes": corpus(args.tasks)}
     backend = KubernetesBackend(kubeconfig=kubeconfig, namespace=plane.namespace,
                                 run_id=f"bench-{arm}", mode="pod" if arm == "pods" else "claim",
                                 transport="http", qps=args.qps, burst=args.burst,
                                 adaptive_pacing=args.adaptive_pacing,
-                                runtime_wait_s=args.runtime_wait)
-    tasks = [Task(f"t{i}", spec_for(i), policy=one_command) for i in range(args.tasks)]
+                                runtime_wait_s=args.runtime_wait, **planning)
+    tasks = [Task(f"t{i}", spec_for(i, pulls=args.pulls), policy=one_command)
+             for i in range(args.tasks)]
     policy: PoolPolicy
     if arm == "pods":
         policy, lookahead, cap = NoPoolPolicy(), 0, concurrency
@@ -114,6 +156,10 @@ async def run_rollbox(arm: str, plane: ControlPlane, kubeconfig: str,
     async with backend:
         pool = Pool(backend, policy=policy, max_sandboxes=cap)
         try:
+            if args.lead:  # what one training step of lead gives: the next step expected
+                pool.expect([task.spec for task in tasks])
+                await asyncio.sleep(args.lead)
+                pool.expect([])  # the runner's own queue names them from here on
             report = await run_rollouts(pool, tasks, args.rollouts, concurrency=concurrency,
                                         lookahead=lookahead, rollout_timeout_s=900)
         finally:
@@ -128,7 +174,8 @@ async def run_rollbox(arm: str, plane: ControlPlane, kubeconfig: str,
             "pool": {"creations": counters["creations"], "reuses": counters["reuses"],
                      "evictions": counters["evictions"],
                      "sandbox_failures": pool.metrics.failures_by_kind(),
-                     "quarantined": [q.reason for q in pool.quarantined]}}
+                     "quarantined": [q.reason for q in pool.quarantined]},
+            "planning": dict(backend.hydration.counts) if backend.hydration else {}}
 
 
 @contextlib.contextmanager
@@ -248,6 +295,29 @@ def audit_counts(events: list[dict[str, Any]], rollouts: int) -> dict[str, Any]:
     }
 
 
+def pull_counts(plane: ControlPlane, time_scale: float) -> dict[str, Any]:
+    """From the kubelet's (node agent's) events: which sandbox pods waited for a pull and
+    how long, in modelled seconds (``Pulled ... in N s`` is modelled already)."""
+    out = plane.kubectl("-n", plane.namespace, "get", "events", "--field-selector",
+                        "source=kubelet", "-o", "json").stdout
+    waits: dict[str, float] = {}
+    pulling: set[str] = set()
+    for event in json.loads(out)["items"]:
+        pod = event["involvedObject"]["name"]
+        if "-pp-" in pod:  # a prepull pod (hydration.py names them so)
+            continue
+        if event["reason"] == "Pulling":
+            pulling.add(pod)
+        elif event["reason"] == "Pulled":
+            took = re.search(r" in ([0-9.]+)s\.", event["message"])
+            waits[pod] = float(took[1]) if took else 0.0
+    wait = summarize(list(waits.values()))
+    return {"critical_path_pulls": len(pulling), "sandbox_pods_seen": len(waits),
+            "pull_wait_s": {"mean": round(wait.mean, 2), "p50": round(wait.p50, 2),
+                            "p99": round(wait.p99, 2), "max": round(wait.max, 2)},
+            "time_scale": time_scale}
+
+
 def drain(plane: ControlPlane, patience_s: float) -> tuple[list[str], float]:
     """What of the burst is still in the namespace once the cluster has had up to
     ``patience_s`` to finish deleting it, and how long that took. Deletion is
@@ -280,6 +350,12 @@ def run_arm(arm: str, args: argparse.Namespace) -> dict[str, Any]:
         cpu = {c: round(plane.cpu_seconds(c) - cpu[c], 1) for c in cpu}
         time.sleep(2)  # the audit log's batch is flushed
         counts = audit_counts(read_audit(plane, since), outcome["requested"])
+        if args.pulls:
+            counts.update(pull_counts(plane, args.time_scale))
+        prepulls = outcome.get("planning", {}).get("prepulls", 0)
+        counts["creations_per_rollout"] = round(
+            counts["creations_per_rollout"] - prepulls / outcome["requested"], 4)
+        counts["prepull_pods_per_rollout"] = round(prepulls / outcome["requested"], 4)
         left, drained = drain(plane, args.drain_wait)
     ready = summarize(outcome.pop("ready_s"))
     return {"arm": arm, "rollouts": outcome["requested"], **outcome, **counts,
@@ -325,12 +401,21 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     parser.add_argument("--drain-wait", type=float, default=300.0,
                         help="how long the cluster gets to delete an arm's objects before "
                              "those still there count as left behind")
-    parser.add_argument("--arm", action="append", choices=ARMS, help="default: all")
+    parser.add_argument("--pulls", action="store_true",
+                        help="every task its own image, pulled by the nodes (see above)")
+    parser.add_argument("--disk-gb", type=float, default=20.0,
+                        help="with --pulls: each node's image disk")
+    parser.add_argument("--time-scale", type=float, default=0.02,
+                        help="with --pulls: real seconds per modelled second of a pull")
+    parser.add_argument("--lead", type=float, default=0.0,
+                        help="seconds the burst is expected before it starts (see above)")
+    parser.add_argument("--arm", action="append", choices=ARMS,
+                        help=f"default: all ({', '.join(PULL_ARMS)} with --pulls)")
     parser.add_argument("--json", type=Path, help="also write the results here")
     parser.add_argument("--keep", action="store_true", help="keep each cluster's state")
     args = parser.parse_args(argv)
     results = []
-    for arm in args.arm or ARMS:
+    for arm in args.arm or (PULL_ARMS if args.pulls else ARMS):
         result = run_arm(arm, args)
         results.append(result)
         print(json.dumps(result), flush=True)

@@ -70,6 +70,17 @@ def test_render_all_dumps_yaml_kubectl_can_apply() -> None:
         role["rules"])
 
 
+def test_image_planning_adds_the_cluster_role_to_read_nodes() -> None:
+    docs = render.render_all([SandboxSpec(image="a")], OPTS, image_planning=True)
+    by_kind = {d["kind"]: d for d in docs}
+    assert by_kind["ClusterRole"]["rules"] == [
+        {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "watch"]}]
+    binding = by_kind["ClusterRoleBinding"]
+    assert binding["roleRef"]["name"] == by_kind["ClusterRole"]["metadata"]["name"]
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": OPTS.service_account,
+                                    "namespace": OPTS.namespace}]
+
+
 def test_a_direct_sandbox_runs_the_templates_pod() -> None:
     spec = SandboxSpec(image="python:3.12", workdir="/src")
     tpl = render.template(spec, OPTS)

@@ -33,7 +33,7 @@ from typing import Any, TypeVar
 
 from kubernetes_asyncio.client import ApiClient, Configuration, CoreV1Api
 from rollbox import settings
-from rollbox.backend import Backend, Diagnostic
+from rollbox.backend import Backend, Diagnostic, ahead_of_need
 from rollbox.errors import (
     BackendUnavailableError,
     CreateFailedError,
@@ -46,6 +46,7 @@ from rollbox.spec import Network, SandboxSpec
 
 from rollbox_kubernetes import render
 from rollbox_kubernetes.client import ApiError, KubeClient, Obj, RequestStats
+from rollbox_kubernetes.hydration import GB, Hydration, PlanningOptions
 from rollbox_kubernetes.podexec import ChannelWsApiClient
 from rollbox_kubernetes.podwatch import PodWatch
 from rollbox_kubernetes.resources import (
@@ -128,6 +129,12 @@ class KubernetesBackend(Backend):
         runtime_max_timeout_s: float | None = None,
         runtime_wait_s: float = 10.0,
         keepalive: Sequence[str] | None = None,
+        image_planning: bool = False,
+        image_sizes: Mapping[str, int] | None = None,
+        image_disk_bytes: int | None = None,
+        default_image_bytes: int = 2 * GB,
+        prepull_window: int = 64,
+        prepulls_per_node: int = 2,
     ) -> None:
         if mode not in MODES:
             raise InvalidSpecError(f"kubernetes backend mode must be one of {MODES}, got {mode!r}")
@@ -166,6 +173,15 @@ class KubernetesBackend(Backend):
         self._ws_api: CoreV1Api | None = None
         self._connecting: asyncio.Lock | None = None
         self.pod_watch: PodWatch | None = None
+        try:
+            planning = PlanningOptions(
+                image_sizes=dict(image_sizes or {}), image_disk_bytes=image_disk_bytes,
+                default_image_bytes=default_image_bytes, window=prepull_window,
+                pulls_per_node=prepulls_per_node)
+        except ValueError as exc:
+            raise InvalidSpecError(str(exc)) from None
+        self.hydration = Hydration(self, planning) if image_planning else None
+        """Prepulls and placement (hydration.py), or None: the scheduler places."""
 
     # -- connection ----------------------------------------------------------------------
 
@@ -205,6 +221,11 @@ class KubernetesBackend(Backend):
             return False
         return self.pools.keep_warm(spec, count)
 
+    def hint_upcoming(self, images: Sequence[str]) -> None:
+        """With ``image_planning``, pull the soonest of ``images`` onto chosen nodes."""
+        if self.hydration is not None:
+            self.hydration.hint(images)
+
     # -- create --------------------------------------------------------------------------
 
     async def create(self, spec: SandboxSpec) -> KubeSandbox:
@@ -242,6 +263,8 @@ class KubernetesBackend(Backend):
         self.live[sandbox.id] = sandbox
         if self.pod_watch is not None:
             self.pod_watch.track(sandbox)
+        if self.hydration is not None:
+            self.hydration.ready(sandbox.id)
         return sandbox
 
     def _name(self, key: str) -> str:
@@ -252,15 +275,42 @@ class KubernetesBackend(Backend):
         """Create ``body``, then wait with ``ready(created)``; if that fails (or is
         cancelled), delete it again. Once ready, close will delete it. Inside ``create``'s
         deadline, an API server that restarts is waited out, not a failure."""
-        created = await self.api(f"create {what}", self.client.create(
-            res, self.options.namespace, body, outwait_restarts=True))
+        try:
+            created = await self.api(f"create {what}", self.client.create(
+                res, self.options.namespace, body, outwait_restarts=True))
+        except BaseException:
+            self._unplace(name)
+            raise
         try:
             result = await ready(created)
         except BaseException:
+            self._unplace(name)
             await self._delete_quietly(res, name)
             raise
         self._backing[name] = res
         return result
+
+    async def _prepared(self, name: str, spec: SandboxSpec, pod: Obj) -> Obj:
+        """``pod`` (the pod spec of sandbox ``name``) preferring the node image planning
+        chose for it, once what it needs exists: the run's deny-all NetworkPolicy for
+        ``network=none`` (its pod carries the label, render.raw_pod). Planning comes
+        first: an image it refuses leaves nothing written."""
+        if self.hydration is not None:
+            if ahead_of_need():  # a warm one: start it where its image already is
+                await self.hydration.hydrated(spec.image)
+            node = await self.hydration.place(name, spec.image)
+            pod = render.prefer_nodes(pod, [node] if node else [])
+        try:
+            if spec.network is Network.NONE:
+                await self._ensure_deny_all()
+        except BaseException:
+            self._unplace(name)
+            raise
+        return pod
+
+    def _unplace(self, name: str) -> None:
+        if self.hydration is not None:
+            self.hydration.released(name)
 
     async def _create_claim(self, spec: SandboxSpec, key: str, pool: str) -> KubeSandbox:
         name = self._name(key)
@@ -274,11 +324,12 @@ class KubernetesBackend(Backend):
 
     async def _create_sandbox(self, spec: SandboxSpec, key: str) -> KubeSandbox:
         """A Sandbox object of its own: one create, no template, pool or claim."""
-        if spec.network is Network.NONE:
-            await self._ensure_deny_all()
         name = self._name(key)
+        body = render.sandbox(name, spec, self.options)
+        template = body["spec"]["podTemplate"]
+        template["spec"] = await self._prepared(name, spec, template["spec"])
         ready = await self._create_then(
-            SANDBOXES, "Sandbox", name, render.sandbox(name, spec, self.options),
+            SANDBOXES, "Sandbox", name, body,
             lambda created: self._await_ready(SANDBOXES, name, created, spec, sandbox_state))
         return KubeSandbox(self, name, spec, pod=ready.sandbox, pod_ip=ready.pod_ip,
                            base_env=render.container_env(spec))
@@ -388,10 +439,10 @@ class KubernetesBackend(Backend):
         raise CreateFailedError(f"pod for image {spec.image!r} failed: {message}")
 
     async def _create_pod(self, spec: SandboxSpec) -> KubeSandbox:
-        if spec.network is Network.NONE:
-            await self._ensure_deny_all()  # the pod carries its label (render.raw_pod)
         name = self._name(render.spec_key(spec, self.options))
-        pod = await self._create_then(PODS, "pod", name, render.raw_pod(name, spec, self.options),
+        body = render.raw_pod(name, spec, self.options)
+        body["spec"] = await self._prepared(name, spec, body["spec"])
+        pod = await self._create_then(PODS, "pod", name, body,
                                       lambda created: self._await_pod(name, created, spec))
         return KubeSandbox(self, name, spec, pod=name, pod_ip=ip_of_pod(pod),
                            pod_uid=pod["metadata"]["uid"], base_env=render.container_env(spec))
@@ -419,6 +470,7 @@ class KubernetesBackend(Backend):
     async def release(self, sandbox: KubeSandbox) -> None:
         """Delete what backs ``sandbox``: its claim, its Sandbox, or its pod."""
         self.live.pop(sandbox.id, None)
+        self._unplace(sandbox.id)
         if self.pod_watch is not None:
             self.pod_watch.untrack(sandbox)
         res = self._backing.pop(sandbox.id, PODS if self.mode == "pod" else CLAIMS)
@@ -429,6 +481,8 @@ class KubernetesBackend(Backend):
         this backend created (never ones it found: those belong to whoever applied them)."""
         for sandbox in list(self.live.values()):
             await sandbox.close()
+        if self.hydration is not None:
+            await self.hydration.aclose()
         await self.pools.aclose()
         if self._deny_all is not None:
             self._deny_all.cancel()

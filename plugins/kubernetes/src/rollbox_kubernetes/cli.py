@@ -55,6 +55,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
                       metavar="KEY[=VALUE][:EFFECT]",
                       help="tolerate this node taint (repeatable); no EFFECT: every effect")
     rend.add_argument("--no-rbac", action="store_true", help="leave out ServiceAccount/Role")
+    rend.add_argument("--image-planning", action="store_true",
+                      help="also the ClusterRole to read nodes that image_planning needs")
     pre = sub.add_parser("preflight", help="check that a cluster is ready for rollbox: the "
                          "namespace, the agent-sandbox CRDs and rollbox's permissions")
     _cluster_options(pre, connect=True)
@@ -150,8 +152,8 @@ def _render(args: argparse.Namespace) -> int:
     specs = [SandboxSpec(image=image, workdir=args.workdir, network=Network(args.network),
                          resources=Resources(cpus=args.cpus, memory_mb=args.memory_mb))
              for image in args.image]
-    sys.stdout.write(render.dump(render.render_all(specs, options,
-                                                   include_rbac=not args.no_rbac)))
+    sys.stdout.write(render.dump(render.render_all(
+        specs, options, include_rbac=not args.no_rbac, image_planning=args.image_planning)))
     return 0
 
 

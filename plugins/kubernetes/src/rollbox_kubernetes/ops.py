@@ -36,6 +36,8 @@ NEEDED = (
     + [(verb, "", "pods", "") for verb in ("create", "get", "list", "watch", "delete")]
     + [("create", "", "pods", "exec")]
 )
+PLANNING = [("list", "", "nodes", "")]
+"""What ``image_planning`` needs besides: nodes are cluster-scoped (a ClusterRole)."""
 
 
 async def preflight(client: KubeClient, namespace: str) -> list[Diagnostic]:
@@ -62,8 +64,10 @@ async def preflight(client: KubeClient, namespace: str) -> list[Diagnostic]:
                 fix="install agent-sandbox (core and extensions manifests, see "
                     "docs/kubernetes.md), or use mode='pod'",
                 required=err.status != 403))
-    for verb, group, resource, sub in NEEDED:
-        attrs = {"namespace": namespace, "verb": verb, "group": group, "resource": resource}
+    for verb, group, resource, sub in (*NEEDED, *PLANNING):
+        attrs = {"verb": verb, "group": group, "resource": resource}
+        if resource != "nodes":  # cluster-scoped
+            attrs["namespace"] = namespace
         if sub:
             attrs["subresource"] = sub
         body = {"apiVersion": "authorization.k8s.io/v1", "kind": "SelfSubjectAccessReview",
@@ -76,6 +80,12 @@ async def preflight(client: KubeClient, namespace: str) -> list[Diagnostic]:
             allowed = bool((review.get("status") or {}).get("allowed"))
         except ApiError as err:
             out.append(Diagnostic(label, False, f"review failed: {err}", required=False))
+            continue
+        if resource == "nodes":
+            out.append(Diagnostic(
+                f"{label} (image_planning only)", allowed, "allowed" if allowed else "denied",
+                fix="kubectl apply the ClusterRole from `rollbox k8s render --image-planning`",
+                required=False))
             continue
         out.append(Diagnostic(label, allowed, "allowed" if allowed else "denied",
                               fix="kubectl apply the Role from `rollbox k8s render`"))

@@ -41,10 +41,12 @@ from rollbox_kubernetes.resources import (
     EXT_GROUP,
     LABEL_MANAGED,
     LABEL_NETWORK,
+    LABEL_PREPULL,
     LABEL_RUN,
     LABEL_SPEC,
     MANAGED_BY,
     NETWORK_POLICIES,
+    NODES,
     PODS,
     SANDBOXES,
     TEMPLATES,
@@ -250,6 +252,68 @@ def raw_pod(name: str, spec: SandboxSpec, options: KubeOptions) -> Obj:
     }
 
 
+def prefer_nodes(pod: Obj, nodes: Sequence[str]) -> Obj:
+    """``pod`` (a pod spec) preferring ``nodes`` (the ones that hold its image): a
+    preferred node affinity of the highest weight, by node name. Preferred, not
+    required: a node that is full or gone leaves the pod to the scheduler, which still
+    scores image locality."""
+    if not nodes:
+        return pod
+    term = {"weight": 100, "preference": {"matchFields": [
+        {"key": "metadata.name", "operator": "In", "values": sorted(nodes)}]}}
+    return {**pod, "affinity": {"nodeAffinity": {
+        "preferredDuringSchedulingIgnoredDuringExecution": [term]}}}
+
+
+PREPULL_COMMAND = ("sh", "-c", "exit 0")
+"""What a prepull pod's container runs once its image is there. Whether it runs at all
+does not matter: a container that starts, ends or fails to start has its image."""
+
+
+def prepull_pod(name: str, image: str, node: str, options: KubeOptions) -> Obj:
+    """A pod that pulls ``image`` onto ``node`` and does nothing else: bound by
+    ``nodeName`` (no scheduler), the smallest requests, labelled as the run's so the
+    reaper removes one a crash left behind."""
+    pod_labels = {**labels(options), LABEL_PREPULL: "true"}
+    amounts = {"cpu": "10m", "memory": "16Mi"}
+    spec: Obj = {
+        "nodeName": node,
+        "restartPolicy": "Never",
+        "automountServiceAccountToken": False,
+        "enableServiceLinks": False,
+        "terminationGracePeriodSeconds": 0,
+        "containers": [{"name": "prepull", "image": image,
+                        "imagePullPolicy": options.image_pull_policy,
+                        "command": list(PREPULL_COMMAND),
+                        "resources": {"requests": amounts, "limits": amounts}}],
+    }
+    if options.runtime_class:
+        spec["runtimeClassName"] = options.runtime_class
+    if options.tolerations:
+        spec["tolerations"] = [dict(t) for t in options.tolerations]
+    return {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "namespace": options.namespace, "labels": pod_labels},
+            "spec": spec}
+
+
+def node_rbac(options: KubeOptions) -> list[Obj]:
+    """What image planning needs beyond the namespace's Role: reading nodes (their images
+    and capacity), which are cluster-scoped. ``rollbox k8s render --image-planning``."""
+    name = f"rollbox-{options.namespace}-{options.service_account}-nodes"
+    meta = {"name": name, "labels": {LABEL_MANAGED: MANAGED_BY}}
+    return [
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+         "metadata": meta, "rules": [{"apiGroups": [""], "resources": [NODES.plural],
+                                      "verbs": ["get", "list", "watch"]}]},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+         "metadata": meta,
+         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                     "name": name},
+         "subjects": [{"kind": "ServiceAccount", "name": options.service_account,
+                       "namespace": options.namespace}]},
+    ]
+
+
 def rbac(options: KubeOptions) -> list[Obj]:
     """ServiceAccount, Role and RoleBinding with exactly what the backend calls."""
     ns, sa = options.namespace, options.service_account
@@ -278,9 +342,12 @@ def rbac(options: KubeOptions) -> list[Obj]:
 
 
 def render_all(specs: Iterable[SandboxSpec], options: KubeOptions, *,
-               include_rbac: bool = True) -> list[Obj]:
-    """What ``rollbox k8s render`` prints: RBAC, then a template and a pool per spec."""
+               include_rbac: bool = True, image_planning: bool = False) -> list[Obj]:
+    """What ``rollbox k8s render`` prints: RBAC (with ``image_planning``, the node
+    reading it needs), then a template and a pool per spec."""
     out = rbac(options) if include_rbac else []
+    if include_rbac and image_planning:
+        out += node_rbac(options)
     seen: set[str] = set()
     for spec in specs:
         key = spec_key(spec, options)

@@ -27,6 +27,8 @@ LABEL_SPEC = "rollbox.dev/spec"
 # On the pods of directly created Sandboxes whose spec says network=none: the run's
 # deny-all NetworkPolicy selects them (a bare Sandbox has no networkPolicy field).
 LABEL_NETWORK = "rollbox.dev/network"
+# On the pods that pull an image onto a node ahead of need (hydration.py): no sandbox.
+LABEL_PREPULL = "rollbox.dev/prepull"
 MANAGED_BY = "rollbox"
 
 # Upstream's annotations: on a claim, the Sandbox it adopted; on a Sandbox, its pod.
@@ -61,6 +63,8 @@ class Resource:
 
 
 PODS = Resource("", "v1", "pods", "Pod")
+NODES = Resource("", "v1", "nodes", "Node")
+"""Cluster-scoped: pass namespace None."""
 SANDBOXES = Resource(CORE_GROUP, VERSION, "sandboxes", "Sandbox")
 TEMPLATES = Resource(EXT_GROUP, VERSION, "sandboxtemplates", "SandboxTemplate")
 WARM_POOLS = Resource(EXT_GROUP, VERSION, "sandboxwarmpools", "SandboxWarmPool")

@@ -65,7 +65,7 @@ from rollbox.spec import Network, SandboxSpec
 
 from rollbox_kubernetes.client import ApiError, KubeClient, RequestStats
 from rollbox_kubernetes.podexec import V4, V5
-from rollbox_kubernetes.resources import NETWORK_POLICIES, PODS, Resource
+from rollbox_kubernetes.resources import NETWORK_POLICIES, NODES, PODS, Resource
 from rollbox_kubernetes.testing.controller import container_runtime, limits
 from rollbox_kubernetes.testing.execserver import serve_exec
 from rollbox_kubernetes.testing.imagepulls import GB, MB, ImageModel, ImagePulls, PodRef
@@ -75,7 +75,6 @@ from rollbox_kubernetes.testing.runtime import SandboxRuntime
 Obj = dict[str, Any]
 log = logging.getLogger("rollbox.nodeagent")
 
-NODES = Resource("", "v1", "nodes", "Node")
 TEMPLATE_HASH_LABEL = "agents.x-k8s.io/sandbox-template-ref-hash"
 KWOK_ANNOTATION = "kwok.x-k8s.io/node"
 AGENT_LABEL = "rollbox.dev/node-agent"
