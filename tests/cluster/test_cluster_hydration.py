@@ -1,8 +1,9 @@
 """Image planning on the real control plane (``image_planning=True``, hydration.py): the
 images a run hints are pulled onto a node by prepull pods before a rollout asks, never
-past the disk the planner was given; a sandbox goes to the node that holds its image and
-finds it there; a prepull that cannot be had is one counted failure; an image larger than
-every node's disk fails the create before anything is made.
+past the disk the planner was given, and held there until used or no longer wanted; a
+sandbox goes to the node that holds its image and finds it there; a prepull that cannot
+be had is one counted failure; an image larger than every node's disk fails the create
+before anything is made.
 
 The session cluster has one node; spreading over many is the scale benchmark's
 (``bench_kubernetes_scale.py --pulls``) and the planner's own tests (tests/core)."""
@@ -45,6 +46,8 @@ async def test_hinted_images_are_there_before_their_sandboxes(
     assert all(i in held for i in images[:3]), held
     assert not any(i in held for i in images[3:]), held  # no room for them yet
     assert hydration.counts["prepulls"] == 3 and hydration.counts["prepull_failures"] == 0
+    # Their prepull pods stay until a sandbox uses the image, so that GC keeps it.
+    assert len(prepull_pods(k8s_cluster)) == 3
 
     async with await backend.create(SandboxSpec(image=images[0], workdir="/work")) as box:
         said = events(k8s_cluster, box.pod)
@@ -55,10 +58,12 @@ async def test_hinted_images_are_there_before_their_sandboxes(
         assert preferred["preference"]["matchFields"][0]["values"] == [pod["spec"]["nodeName"]]
         assert hydration.counts["placed"] == 1 and hydration.counts["placement_misses"] == 0
 
-    # The window moves on: the first three are no longer wanted, so GC may take them and
-    # the last two get their room.
+    # The window moves on: the first three are no longer wanted (their pods go, GC may
+    # take them) and the last two get their room.
     backend.hint_upcoming(images[3:])
     await until(lambda: hydration.counts["prepulled"] == 5, timeout=60)
+    await until(lambda: len(prepull_pods(k8s_cluster)) == 2, timeout=20)
+    backend.hint_upcoming([])
     await until(lambda: not prepull_pods(k8s_cluster), timeout=20)
 
 

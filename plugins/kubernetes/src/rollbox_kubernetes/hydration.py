@@ -16,7 +16,8 @@ the same few nodes. Here the backend plans instead, with core's ``PlacementPlann
 * **ahead of need**: the images ``hint_upcoming`` names (the runner's queue, then what
   ``Pool.expect`` says of the next step), soonest first, are pulled by *prepull pods*:
   bound to the planner's node by ``nodeName``, a container of the image that exits at
-  once, deleted as soon as the image is there (or cannot be had). They are the run's
+  once, kept (holding the image against GC) until a sandbox of the image runs or the
+  image is no longer wanted, then deleted. They are the run's
   (the reaper removes one a crash left behind), paced by the client's limiter like any
   write, at most ``pulls_per_node`` at once on a node, never past its disk;
 * **placement**: a sandbox's pod (pod mode, or a direct ``Sandbox``) prefers the node
@@ -130,7 +131,7 @@ class Hydration:
         self._refreshing: asyncio.Lock | None = None
         self._planner_task: asyncio.Task[None] | None = None
         self._wake: asyncio.Event | None = None
-        self._prepulls: dict[str, asyncio.Task[None]] = {}  # image -> its prepull
+        self._prepulls: dict[str, Prepulling] = {}  # image -> its prepull (until unpinned)
         self._awaited: collections.Counter[str] = collections.Counter()
         """Images creates ahead of need wait for: planned before anything else."""
         self._progress: asyncio.Event | None = None  # set when a pull ends
@@ -144,6 +145,8 @@ class Hydration:
         if self.stopped_by or upcoming == self._upcoming:
             return
         self._upcoming = upcoming
+        wanted = {*upcoming, *self._awaited, *self._in_use}
+        self._unpin([image for image in self._prepulls if image not in wanted])
         self._kick()
 
     async def place(self, sandbox_id: str, image: str) -> str | None:
@@ -193,9 +196,9 @@ class Hydration:
                        or any(image in n.present for n in self.nodes.values())):
                 if image not in self._prepulls:
                     self._plan_now()
-                pull = self._prepulls.get(image)
-                if pull is not None:
-                    await asyncio.shield(pull)
+                prepull = self._prepulls.get(image)
+                if prepull is not None:
+                    await asyncio.shield(prepull.pulled)
                 elif any(image in n.pulling for n in self.nodes.values()) or self._prepulls:
                     await self._next_progress()  # a sandbox's pull, or room to come
                 else:
@@ -219,7 +222,10 @@ class Hydration:
         self._kick()
 
     def ready(self, sandbox_id: str) -> None:
-        """Sandbox ``sandbox_id`` is running: a pull its pod made is done."""
+        """Sandbox ``sandbox_id`` is running: a pull its pod made is done, and its image
+        is held by its own container now."""
+        if sandbox_id in self._placed:
+            self._unpin([self._placed[sandbox_id][1]])
         image = self._demand.pop(sandbox_id, None)
         name, _ = self._placed.get(sandbox_id, ("", ""))
         node = self.nodes.get(name)
@@ -257,7 +263,8 @@ class Hydration:
         self._closed = True
         if self._progress is not None:
             self._progress.set()  # waiters see it closed
-        tasks = [t for t in (self._planner_task, *self._prepulls.values()) if t is not None]
+        tasks = [t for t in (self._planner_task, *(p.task for p in self._prepulls.values()))
+                 if t is not None]
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
@@ -380,16 +387,29 @@ class Hydration:
             view.pulling[image] = size
             self.counts["prepulls"] += 1
             self.counts["prepull_bytes"] += size
-            task = asyncio.ensure_future(self._prepull(view, image, size))
-            self._prepulls[image] = task
-            task.add_done_callback(functools.partial(self._forget, image))
+            prepull = Prepulling(asyncio.get_running_loop().create_future(), asyncio.Event())
+            prepull.task = asyncio.ensure_future(self._prepull(view, image, size, prepull))
+            prepull.task.add_done_callback(functools.partial(self._forget, image))
+            self._prepulls[image] = prepull
 
     def _forget(self, image: str, _: object) -> None:
         self._prepulls.pop(image, None)
 
-    async def _prepull(self, node: NodeView, image: str, size: int) -> None:
+    def _unpin(self, images: Sequence[str]) -> None:
+        """Let the prepull pods of ``images`` go (their image is used by a sandbox now,
+        or no longer wanted)."""
+        for image in images:
+            prepull = self._prepulls.get(image)
+            if prepull is not None:
+                prepull.unpin.set()
+
+    async def _prepull(self, node: NodeView, image: str, size: int,
+                       state: Prepulling) -> None:
         """One prepull pod: made, watched until its image is on the node (or cannot
-        be), deleted."""
+        be), then kept until ``state.unpin``, deleted. Kept, its container holds the
+        image in use: the kubelet's GC, which takes the least recently used image
+        first, would otherwise take an image pulled ahead of need before its sandbox
+        came (it is older than the images of tasks that just ran)."""
         backend = self.backend
         ns = backend.options.namespace
         name = f"{backend.options.run_id}-pp-{secrets.token_hex(4)}"
@@ -405,12 +425,18 @@ class Hydration:
             current = self.nodes.get(node.name, node)
             current.present[image] = size
             self.counts["prepulled"] += 1
+            node.pulling.pop(image, None)
+            state.pulled.set_result(None)
+            self._progressed()
+            await state.unpin.wait()
         except Exception as exc:  # one failed prepull is counted, never the run's end
             self.counts["prepull_failures"] += 1
             self._failed.add(image)
             log.warning("prepull of %s on node %s failed: %s", image, node.name, exc)
         finally:
             node.pulling.pop(image, None)
+            if not state.pulled.done():
+                state.pulled.set_result(None)
             # Even when the create's answer never came (cancelled): it may have been made.
             with contextlib.suppress(Exception):
                 await asyncio.shield(backend.client.delete(PODS, ns, name))
@@ -433,6 +459,16 @@ class Hydration:
                     return "its pod was deleted (node lost?)"
         finally:
             await watcher.close()
+
+
+@dataclass
+class Prepulling:
+    """One prepull: ``pulled`` resolves once its image is on the node (or cannot be);
+    ``unpin`` lets its pod go."""
+
+    pulled: asyncio.Future[None]
+    unpin: asyncio.Event
+    task: asyncio.Task[None] | None = None
 
 
 class PrepullFailed(Exception):
