@@ -130,3 +130,13 @@ async def test_without_leave_to_read_nodes_planning_stops_and_creates_go_on(
     assert backend.hydration.stopped_by.startswith("cannot list nodes")
     assert "image planning is off" in caplog.text
     assert backend.hydration.counts["prepulls"] == 0
+
+
+async def test_a_warm_create_does_not_wait_for_an_image_no_pull_could_bring() -> None:
+    h = hydration(image_sizes={"big": 3 * GB})
+    h.nodes = {"a": NodeView("a", 2 * GB, present={normal("other"): GB})}
+    h._in_use[normal("other")] = 1  # held: GC cannot make room
+    h._refreshed_at = asyncio.get_running_loop().time()
+    async with asyncio.timeout(1):
+        await h.hydrated("big")  # no room, nothing in flight: the pod will pull it itself
+    assert h.counts["prepulls"] == 0 and not h._awaited

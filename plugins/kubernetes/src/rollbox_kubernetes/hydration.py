@@ -197,12 +197,14 @@ class Hydration:
                 if image not in self._prepulls:
                     self._plan_now()
                 prepull = self._prepulls.get(image)
-                if prepull is not None:
+                if prepull is not None and not prepull.pulled.done():
                     await asyncio.shield(prepull.pulled)
-                elif any(image in n.pulling for n in self.nodes.values()) or self._prepulls:
+                elif prepull is None and (
+                        any(image in n.pulling for n in self.nodes.values())
+                        or any(not p.pulled.done() for p in self._prepulls.values())):
                     await self._next_progress()  # a sandbox's pull, or room to come
                 else:
-                    return
+                    return  # nothing in flight could change it (or its node is gone)
         finally:
             self._awaited[image] -= 1
             if self._awaited[image] <= 0:
