@@ -20,6 +20,9 @@ from rollbox_kubernetes import KubernetesBackend
 from rollbox_kubernetes.testing import ApiServerEmulator, container_runtime
 from rollbox_kubernetes.testing.conformance import KnownHoles, KubernetesHooks
 
+# The whole suite on two more transports: about 45 % of the fast loop's CPU, so CI's
+# (and a named path's) only; the local backend's conformance stays in the fast loop.
+pytestmark = pytest.mark.slow
 
 class TestKubernetesConformance(KnownHoles, KubernetesHooks, BackendTests):
     spec: ClassVar[SandboxSpec] = SandboxSpec(image="host", workdir="/work")

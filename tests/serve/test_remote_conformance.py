@@ -20,6 +20,10 @@ from rollbox_remote import RemoteBackend
 from rollbox_serve import Server
 from serve_support import connect
 
+# The whole suite on two more transports: about 45 % of the fast loop's CPU, so CI's
+# (and a named path's) only; the local backend's conformance stays in the fast loop.
+pytestmark = pytest.mark.slow
+
 
 def _server(backend: Backend) -> Server:
     server = getattr(backend, "served_by", None)
