@@ -73,8 +73,8 @@ def test_a_100_x_4_burst_with_pulls_on_ten_nodes(k8s_cluster: ClusterAccess,
     # With a step of lead, images are prepulled (none failed) and few if any of
     # rollbox's sandbox pods wait for a pull (none here), against nearly every raw pod
     # (about 380 of 400): counts, not timings.
-    assert planning["prepull_failures"] == 0, planning
-    assert planning["prepulled"] >= tasks // 2, planning
+    assert planning.get("prepull_failures", 0) == 0, planning
+    assert planning.get("prepulled", 0) >= tasks // 2, planning
     assert rollbox["critical_path_pulls"] * 4 <= pods["critical_path_pulls"], (rollbox, pods)
     replaced = sum(rollbox["pool"]["sandbox_failures"].values())
     assert rollbox["creations_per_rollout"] <= (tasks + replaced) / (tasks * 4) + 1e-4, (
