@@ -41,7 +41,6 @@ import contextlib
 import functools
 import logging
 import math
-import re
 import secrets
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -52,6 +51,7 @@ from rollbox.placement import NodeImages, PlacementPlanner, Prepull
 
 from rollbox_kubernetes import render
 from rollbox_kubernetes.client import ApiError, Obj
+from rollbox_kubernetes.quantities import quantity
 from rollbox_kubernetes.resources import NODES, PODS
 from rollbox_kubernetes.status import IMAGE_REASONS
 from rollbox_kubernetes.watcher import Watcher
@@ -226,12 +226,12 @@ class Hydration:
     def ready(self, sandbox_id: str) -> None:
         """Sandbox ``sandbox_id`` is running: a pull its pod made is done, and its image
         is held by its own container now."""
-        if sandbox_id in self._placed:
-            self._unpin([self._placed[sandbox_id][1]])
-        image = self._demand.pop(sandbox_id, None)
-        name, _ = self._placed.get(sandbox_id, ("", ""))
+        if sandbox_id not in self._placed:
+            return  # not placed by the plan (a warm pool's claim)
+        name, image = self._placed[sandbox_id]
+        self._unpin([image])
         node = self.nodes.get(name)
-        if image is not None and node is not None:
+        if self._demand.pop(sandbox_id, None) is not None and node is not None:
             node.pulling.pop(image, None)
             node.pulled[image] = node.present[image] = self.size_of(image)
             self._progressed()
@@ -509,16 +509,9 @@ def normal(image: str) -> str:
     return name
 
 
-_QUANTITY = re.compile(r"^([0-9.]+(?:[eE][0-9]+)?)([KMGTPE]i?|[kmu]?)$")
-_FACTORS = {"": 1, "k": 10**3, "K": 10**3, "M": 10**6, "G": 10**9, "T": 10**12,
-            "P": 10**15, "E": 10**18, "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40,
-            "Pi": 2**50, "Ei": 2**60, "m": 10**-3, "u": 10**-6}
-
-
 def quantity_bytes(text: str) -> int:
-    """A Kubernetes quantity (``100Gi``, ``20G``, ``1e9``) in whole bytes; 0 if it is
-    none."""
-    match = _QUANTITY.match(text.strip())
-    if match is None:
+    """A node's quantity (``100Gi``, ``20G``, ``1e9``) in whole bytes; 0 if it is none."""
+    try:
+        return int(quantity(text))
+    except ValueError:
         return 0
-    return int(float(match.group(1)) * _FACTORS[match.group(2)])

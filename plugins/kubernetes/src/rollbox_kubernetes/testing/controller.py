@@ -46,6 +46,7 @@ from rollbox.errors import ImageError, RollboxError
 from rollbox.sandbox import Sandbox
 from rollbox.spec import Network, Resources, SandboxSpec
 
+from rollbox_kubernetes.quantities import MIB, quantity
 from rollbox_kubernetes.testing.runtime import Runtimes
 from rollbox_kubernetes.testing.store import Conflict, Obj, Store
 
@@ -68,21 +69,10 @@ def _owner(obj: Obj, kind: str) -> dict[str, Any]:
             "controller": True}
 
 
-def _quantity(text: str, units: dict[str, float]) -> float:
-    for suffix, factor in units.items():
-        if suffix and text.endswith(suffix):
-            return float(text[: -len(suffix)]) * factor
-    return float(text)
-
-
 # A kubelet sets no per-pod process limit unless ``--pod-max-pids`` is given; the backing
 # sandbox gets a generous one, so a pod's exec wrappers (several processes per command, 100
 # commands at once in the conformance suite) never hit the local backend's smaller default.
 POD_MAX_PIDS = 4096
-
-
-MEBIBYTES = {"Ki": 1 / 1024, "Mi": 1, "Gi": 1024, "Ti": 1024 * 1024, "K": 1e3 / 2**20,
-             "M": 1e6 / 2**20, "G": 1e9 / 2**20, "T": 1e12 / 2**20, "": 1 / 2**20}
 
 
 def limits(container: Obj) -> Resources:
@@ -94,11 +84,11 @@ def limits(container: Obj) -> Resources:
     cpus: float | None = None
     disk_mb: int | None = None
     if "memory" in found:
-        memory_mb = max(1, int(_quantity(str(found["memory"]), MEBIBYTES)))
+        memory_mb = max(1, int(quantity(str(found["memory"])) / MIB))
     if "cpu" in found:
-        cpus = _quantity(str(found["cpu"]), {"m": 0.001, "": 1})
+        cpus = quantity(str(found["cpu"]))
     if "ephemeral-storage" in found:
-        disk_mb = max(1, int(_quantity(str(found["ephemeral-storage"]), MEBIBYTES)))
+        disk_mb = max(1, int(quantity(str(found["ephemeral-storage"])) / MIB))
     return Resources(cpus=cpus, memory_mb=memory_mb, disk_mb=disk_mb, pids=POD_MAX_PIDS)
 
 
